@@ -1,0 +1,176 @@
+"""Knob registry: how each sampled knob value reaches the SGLang server.
+
+A knob renders to CLI flags (always full names: SGLang's parser accepts unique
+prefixes, so an abbreviation silently changes meaning across versions) and/or
+environment variables (NCCL_ALGO, NCCL_PROTO, ...). Rendering is a pure function.
+
+Version-dependent flag names (SGLang 0.5.23 has no ``--cuda-graph-max-bs``; older
+releases have only that name) are looked up through :data:`FLAGS`, a logical-id ->
+full-flag mapping for the targeted SGLang version.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+# Logical flag id -> full flag name, SGLang 0.5.23 (source: sglang/srt/server_args.py,
+# ServerArgs.add_cli_args, 0.5.23; see ../shared/data/failure_taxonomy.md §4.4).
+FLAGS_0_5_23: dict[str, str] = {
+    "model_path": "--model-path",
+    "tp_size": "--tp-size",
+    "trust_remote_code": "--trust-remote-code",
+    "disable_custom_all_reduce": "--disable-custom-all-reduce",
+    "enable_flashinfer_allreduce_fusion": "--enable-flashinfer-allreduce-fusion",
+    "enforce_disable_flashinfer_allreduce_fusion": "--enforce-disable-flashinfer-allreduce-fusion",
+    "enable_torch_symm_mem": "--enable-torch-symm-mem",
+    "cuda_graph_max_bs": "--cuda-graph-max-bs-decode",
+    "speculative_algorithm": "--speculative-algorithm",
+    "speculative_draft_model_path": "--speculative-draft-model-path",
+    "speculative_num_steps": "--speculative-num-steps",
+    "speculative_eagle_topk": "--speculative-eagle-topk",
+    "speculative_num_draft_tokens": "--speculative-num-draft-tokens",
+    "moe_a2a_backend": "--moe-a2a-backend",
+    "ep_size": "--ep-size",
+    "mem_fraction_static": "--mem-fraction-static",
+    "host": "--host",
+    "port": "--port",
+    "nccl_port": "--nccl-port",
+}
+
+# Releases before the decode/prefill split of the CUDA-graph flags (PR #29591).
+FLAGS_LEGACY: dict[str, str] = {**FLAGS_0_5_23, "cuda_graph_max_bs": "--cuda-graph-max-bs"}
+
+FLAGS = FLAGS_0_5_23
+
+ALLREDUCE_LEVELS = ("nccl", "custom", "flashinfer_fusion", "torch_symm_mem")
+
+# Knobs that are environment variables. "default" leaves the variable unset.
+ENV_KNOBS: dict[str, str] = {
+    "nccl_algo": "NCCL_ALGO",
+    "nccl_proto": "NCCL_PROTO",
+    "nccl_p2p_disable": "NCCL_P2P_DISABLE",
+    "nccl_min_nchannels": "NCCL_MIN_NCHANNELS",
+}
+
+# Knobs rendered as `--flag value` one-to-one.
+VALUE_KNOBS: dict[str, str] = {
+    "cuda_graph_max_bs": "cuda_graph_max_bs",
+    "mem_fraction_static": "mem_fraction_static",
+}
+
+KNOWN_KNOBS = frozenset(
+    {
+        "speculative",
+        "allreduce",
+        "eagle_num_steps",
+        "eagle_topk",
+        "eagle_num_draft_tokens",
+        "moe_a2a_backend",
+        *ENV_KNOBS,
+        *VALUE_KNOBS,
+    }
+)
+
+
+class KnobError(ValueError):
+    """A knob name or value that cannot be rendered (names the knob and the fix)."""
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer() is False:
+        return f"{value:g}"
+    return str(value)
+
+
+def render_launch(
+    params: Mapping[str, Any],
+    node: Mapping[str, Any],
+    model: Mapping[str, Any],
+    backend: Mapping[str, Any],
+    flags: Mapping[str, str] | None = None,
+) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """Render knob values into a launch command.
+
+    Args:
+        params: knob name -> value (canonical names, see :data:`KNOWN_KNOBS`).
+        node: node config (``gpus``, ``nvlink``, ...).
+        model: model config (``path``, ``draft_path``, ``trust_remote_code``).
+        backend: backend config; ``launcher`` is the argv prefix (e.g.
+            ``["python", "-m", "sglang.launch_server"]``), ``tp_size`` the TP size
+            (default: all GPUs of the node), ``extra_args`` appended verbatim as argv
+            elements, ``env`` extra environment variables.
+        flags: logical flag id -> full flag name (default: SGLang 0.5.23).
+
+    Returns:
+        ``(argv, env, expected_paths)``: argv without host/port flags (the node adds
+        them), the environment variables to set, and what the server log must show
+        (``{"allreduce": level}``) so a silent fallback is detected.
+
+    Raises:
+        KnobError: unknown knob or value, or a value that needs a config field that
+            is missing (e.g. EAGLE-3 without ``model.draft_path``).
+    """
+    f = dict(flags or FLAGS)
+    unknown = sorted(set(params) - KNOWN_KNOBS)
+    if unknown:
+        raise KnobError(
+            f"unknown knob(s) {unknown}; known knobs: {sorted(KNOWN_KNOBS)}"
+        )
+    tp = int(backend.get("tp_size") or node.get("gpus") or 1)
+    argv: list[str] = [str(x) for x in backend.get("launcher", ["python", "-m", "sglang.launch_server"])]
+    argv += [f["model_path"], str(model["path"]), f["tp_size"], str(tp)]
+    if model.get("trust_remote_code"):
+        argv.append(f["trust_remote_code"])
+    env: dict[str, str] = {str(k): str(v) for k, v in (backend.get("env") or {}).items()}
+    expected: dict[str, Any] = {}
+
+    allreduce = params.get("allreduce", "nccl")
+    if allreduce == "nccl":
+        argv += [f["disable_custom_all_reduce"], f["enforce_disable_flashinfer_allreduce_fusion"]]
+    elif allreduce == "custom":
+        argv += [f["enforce_disable_flashinfer_allreduce_fusion"]]
+    elif allreduce == "flashinfer_fusion":
+        argv += [f["disable_custom_all_reduce"], f["enable_flashinfer_allreduce_fusion"]]
+    elif allreduce == "torch_symm_mem":
+        argv += [
+            f["disable_custom_all_reduce"],
+            f["enforce_disable_flashinfer_allreduce_fusion"],
+            f["enable_torch_symm_mem"],
+        ]
+    else:
+        raise KnobError(f"allreduce={allreduce!r}: choose one of {list(ALLREDUCE_LEVELS)}")
+    expected["allreduce"] = allreduce
+
+    spec = params.get("speculative", "none")
+    if spec == "eagle3":
+        draft = model.get("draft_path")
+        if not draft:
+            raise KnobError("speculative=eagle3 needs model.draft_path (the EAGLE-3 draft checkpoint)")
+        argv += [f["speculative_algorithm"], "EAGLE3", f["speculative_draft_model_path"], str(draft)]
+        for knob, flag in (
+            ("eagle_num_steps", "speculative_num_steps"),
+            ("eagle_topk", "speculative_eagle_topk"),
+            ("eagle_num_draft_tokens", "speculative_num_draft_tokens"),
+        ):
+            if params.get(knob) is not None:
+                argv += [f[flag], _fmt(params[knob])]
+    elif spec not in (None, "none"):
+        raise KnobError(f"speculative={spec!r}: choose none or eagle3")
+
+    a2a = params.get("moe_a2a_backend", "none")
+    if a2a not in (None, "none"):
+        argv += [f["moe_a2a_backend"], str(a2a), f["ep_size"], str(tp)]
+
+    for knob, flag_id in VALUE_KNOBS.items():
+        if params.get(knob) is not None:
+            argv += [f[flag_id], _fmt(params[knob])]
+
+    for knob, var in ENV_KNOBS.items():
+        value = params.get(knob)
+        if value is not None and value != "default":
+            env[var] = _fmt(value)
+
+    argv += [str(x) for x in backend.get("extra_args") or []]
+    return argv, env, expected

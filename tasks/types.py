@@ -1,0 +1,140 @@
+"""Plain data passed between the driver (sweeps/) and the node (tasks/).
+
+Everything here is a dataclass of builtins so it pickles cheaply through Ray and
+serialises to JSON for MLflow artifacts and Optuna user attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+TrialStatus = Literal["ok", "failed", "infra_error", "skipped", "interrupted"]
+Phase = Literal["preflight", "startup", "warmup", "bench", "teardown"]
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """Single-stream decode benchmark over SGLang's native ``/generate``.
+
+    Attributes:
+        input_len: prompt length in tokens (random token ids, fixed by ``seed``).
+        output_len: output tokens per measured request (``ignore_eos`` keeps it exact).
+        warmup_requests: requests sent and discarded before measuring.
+        warmup_output_len: output tokens of each warmup request.
+        repeats: measured requests (sequential, batch 1); the objective is their median.
+        concurrency: requests in flight at once (1 = single stream).
+        request_timeout_s: per-request timeout, s; a stream silent this long is a stall.
+        seed: seed of the prompt token ids.
+    """
+
+    input_len: int = 128
+    output_len: int = 128
+    warmup_requests: int = 1
+    warmup_output_len: int = 16
+    repeats: int = 3
+    concurrency: int = 1
+    request_timeout_s: float = 60.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Trial lifecycle deadlines, all in seconds."""
+
+    startup_s: float = 900.0
+    health_request_s: float = 5.0
+    bench_s: float = 600.0
+    term_grace_s: float = 10.0
+    gpu_release_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One fully rendered trial, ready to run on a node.
+
+    Attributes:
+        sweep: sweep (study) name.
+        trial_number: Optuna trial number.
+        params: knob values as sampled, e.g. ``{"allreduce": "nccl", "cuda_graph_max_bs": 128}``.
+        argv: launcher argv *without* host/port flags (the node adds ``--host``,
+            ``--port`` and ``--nccl-port`` from the ports it reserves), e.g.
+            ``["python", "-m", "sglang.launch_server", "--model-path", ...]``.
+        env: environment variables set for the server on top of the node's
+            (e.g. ``{"NCCL_ALGO": "Ring"}``).
+        backend: ``"emulated"`` or ``"sglang"``.
+        gpus: GPUs the trial holds (TP × DP).
+        bench: the benchmark to run once healthy.
+        timeouts: lifecycle deadlines.
+        container_name: set when ``argv`` runs in a container, so teardown can stop it by name.
+        expected_paths: allreduce path expectations checked against the server log
+            (e.g. ``{"custom_allreduce": True}``); a mismatch tags ``allreduce_path_degraded``.
+        trial_key: stable id ``"<sweep>/<trial_number>"`` used to sync MLflow idempotently.
+    """
+
+    sweep: str
+    trial_number: int
+    params: dict[str, Any]
+    argv: list[str]
+    env: dict[str, str]
+    backend: str = "emulated"
+    gpus: int = 8
+    bench: BenchSpec = field(default_factory=BenchSpec)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    container_name: str | None = None
+    expected_paths: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def trial_key(self) -> str:
+        return f"{self.sweep}/{self.trial_number}"
+
+
+@dataclass
+class TrialResult:
+    """What one trial returns to the driver. Expected failures are data here.
+
+    Attributes:
+        status: ``ok`` (benchmarked), ``failed`` (the config failed), ``infra_error``
+            (the node failed; not the config's fault), ``skipped`` (matched a
+            failure rule or duplicated a finished config: no GPU time),
+            ``interrupted`` (the sweep was stopped while it ran).
+        metrics: ``decode_tok_s`` (objective, tok/s), ``output_tok_s`` (tok/s),
+            ``ttft_ms_p50``, ``itl_ms_p50``, ``itl_ms_p99`` (ms), ``accept_length``
+            (tokens per verify; 1.0 without speculation), ``e2e_s_p50`` (s).
+        failure_class: canonical class id (``shared/data/failure_classes.md``) or None.
+        failure_kind: ``deterministic`` | ``transient`` | ``infra`` | ``perf`` or None.
+        failure_signature: the decisive log line with numbers/paths masked.
+        phase: lifecycle phase where the failure happened.
+        perf_tags: performance findings on a healthy server (e.g. ``allreduce_path_degraded``).
+        log_tail: last lines of the (redacted) server log.
+        server_log: the whole redacted server log, capped at 1 MiB.
+        launch_command: the redacted, shell-quoted launch command with its env.
+        bench: raw per-request benchmark records (JSON-able).
+        startup_s: launch -> healthy, s.  bench_s: warmup + measurement, s.
+        gpu_s: GPU-seconds held = wall time holding the GPUs × ``gpus``.
+        wall_s: whole task wall time, s.
+        fingerprint: environment fingerprint (GPU arch, driver, CUDA, NCCL, torch, SGLang, FlashInfer).
+        node: hostname / Ray node id the trial ran on.
+    """
+
+    status: TrialStatus
+    metrics: dict[str, float] = field(default_factory=dict)
+    failure_class: str | None = None
+    failure_kind: str | None = None
+    failure_signature: str | None = None
+    phase: str | None = None
+    perf_tags: list[str] = field(default_factory=list)
+    log_tail: str = ""
+    server_log: str = ""
+    launch_command: str = ""
+    bench: list[dict[str, Any]] = field(default_factory=list)
+    startup_s: float = 0.0
+    bench_s: float = 0.0
+    gpu_s: float = 0.0
+    wall_s: float = 0.0
+    fingerprint: dict[str, str] = field(default_factory=dict)
+    node: str = ""
+    exit_code: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
