@@ -1,0 +1,332 @@
+"""Typed, validated sweep configuration (the edge between Hydra and the driver).
+
+``load_spec(cfg)`` turns the composed Hydra config into a :class:`SweepSpec`. Every
+problem is reported at once, as ``ConfigError`` lines naming the dotted field and the
+fix, before Ray starts or any GPU time is spent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sweeps.space import SearchSpace, SpaceError, parse_space
+from tasks.knobs import KNOWN_KNOBS, KnobError, render_launch
+from tasks.types import BenchSpec, Timeouts
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+OBJECTIVES = ("decode_tok_s", "output_tok_s")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration. ``str(err)`` lists one ``field: problem (fix)`` per line."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeConfig(_Model):
+    """A GPU node type (conf/node/*.yaml)."""
+
+    name: str
+    gpus: int = Field(ge=1, le=64)
+    gpu_name: str
+    compute_capability: str
+    memory_gib: float = Field(gt=0)
+    interconnect: str
+    nvlink: bool
+    accelerator_type: str | None = None
+    emulator: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelConfig(_Model):
+    """Target model and optional EAGLE-3 draft (conf/model/*.yaml)."""
+
+    name: str
+    path: str
+    draft_path: str | None = None
+    moe: bool = False
+    trust_remote_code: bool = False
+    emulator: dict[str, Any] = Field(default_factory=dict)
+
+
+class TimeoutsConfig(_Model):
+    startup_s: float = Field(default=900.0, gt=0)
+    health_request_s: float = Field(default=5.0, gt=0)
+    bench_s: float = Field(default=600.0, gt=0)
+    term_grace_s: float = Field(default=10.0, ge=0)
+    gpu_release_s: float = Field(default=30.0, ge=0)
+
+
+class BackendConfig(_Model):
+    """How trials are launched (conf/backend/*.yaml).
+
+    ``launcher`` is the argv prefix; the token ``{python}`` is replaced on the node by
+    the Ray worker's interpreter. ``kind`` is ``emulated`` (emulated server process),
+    ``sglang`` (real server) or ``instant`` (the emulator's model evaluated in-process:
+    no server, for benchmarks of the driver).
+    """
+
+    kind: Literal["emulated", "sglang", "instant"]
+    launcher: list[str]
+    tp_size: int | None = Field(default=None, ge=1)
+    sglang_version: str = "0.5.23"
+    python: str | None = None
+    container_name: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    emulator: dict[str, Any] = Field(default_factory=dict)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    retries_transient: int = Field(default=1, ge=0, le=5)
+
+
+class BenchConfig(_Model):
+    """Single-stream decode benchmark (conf/bench/*.yaml); see :class:`tasks.types.BenchSpec`."""
+
+    input_len: int = Field(default=128, ge=1)
+    output_len: int = Field(default=128, ge=2)
+    warmup_requests: int = Field(default=1, ge=0)
+    warmup_output_len: int = Field(default=16, ge=1)
+    repeats: int = Field(default=3, ge=1)
+    concurrency: int = Field(default=1, ge=1)
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    seed: int = 0
+
+
+class BudgetConfig(_Model):
+    """When the sweep stops: whichever limit is hit first (null = no limit)."""
+
+    trials: int | None = Field(default=30, ge=1)
+    wall_time_s: float | None = Field(default=None, gt=0)
+    gpu_hours: float | None = Field(default=None, gt=0)
+    max_asks: int = Field(default=1000, ge=1)
+    max_consecutive_skips: int = Field(default=100, ge=1)
+
+
+class SamplerConfig(_Model):
+    name: Literal["tpe", "random"] = "tpe"
+    seed: int | None = 0
+    n_startup_trials: int = Field(default=10, ge=0)
+
+
+class CircuitBreakerConfig(_Model):
+    """Stop when most recent trials fail for infrastructure or unknown reasons."""
+
+    window: int = Field(default=6, ge=2)
+    max_bad_fraction: float = Field(default=0.67, gt=0, le=1)
+
+
+class SweepConfig(_Model):
+    """One sweep (conf/sweep/*.yaml): the study, its space, objective, baseline and budget."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    objective: Literal["decode_tok_s", "output_tok_s"] = "decode_tok_s"
+    direction: Literal["maximize"] = "maximize"
+    params: dict[str, Any]
+    constraints: list[dict[str, Any]] = Field(default_factory=list)
+    baseline: dict[str, Any]
+    seed_trials: list[dict[str, Any]] = Field(default_factory=list)
+    seed_each_level_of: list[str] = Field(default_factory=list)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    circuit_breaker: CircuitBreakerConfig = Field(default_factory=CircuitBreakerConfig)
+    findings_path: str | None = None
+    mode: Literal["search", "recheck"] = "search"
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not all(c.isalnum() or c in "-_." for c in v):
+            raise ValueError("use letters, digits, '-', '_' or '.' only")
+        return v
+
+
+class TrackingConfig(_Model):
+    """Stores. Relative paths resolve against the repository root, never the cwd."""
+
+    store_dir: str = "mlflow"
+    uri: str | None = None
+    artifact_location: str | None = None
+    optuna_storage: str | None = None
+    rules_db: str | None = None
+    findings_dir: str = "findings"
+
+
+class RayConfig(_Model):
+    address: str | None = None
+    num_gpus: int | None = Field(default=None, ge=0)
+    num_cpus: int | None = Field(default=None, ge=1)
+    object_store_memory_mb: int = Field(default=256, ge=64)
+    resources: dict[str, float] = Field(default_factory=dict)
+    max_in_flight: int | None = Field(default=None, ge=1)
+
+
+class SweepSpec(_Model):
+    """Everything the driver needs, validated. Built by :func:`load_spec`."""
+
+    node: NodeConfig
+    model: ModelConfig
+    sweep: SweepConfig
+    backend: BackendConfig
+    bench: BenchConfig
+    tracking: TrackingConfig
+    ray: RayConfig
+    dry_run: bool = False
+    dry_run_sample: int | None = Field(default=None, ge=1)
+    source: str | None = None
+    study_name: str | None = None
+    new_study: bool = False
+
+    @model_validator(mode="after")
+    def _tp_fits(self) -> "SweepSpec":
+        tp = self.backend.tp_size or self.node.gpus
+        if tp > self.node.gpus:
+            raise ValueError(f"backend.tp_size={tp} exceeds node.gpus={self.node.gpus}; lower backend.tp_size")
+        return self
+
+    # ---- derived values -------------------------------------------------------------
+    @property
+    def gpus_per_trial(self) -> int:
+        return self.backend.tp_size or self.node.gpus
+
+    @property
+    def space(self) -> SearchSpace:
+        return parse_space(self.sweep.params, self.sweep.constraints)
+
+    @property
+    def study(self) -> str:
+        return self.study_name or self.sweep.name
+
+    def bench_spec(self) -> BenchSpec:
+        return BenchSpec(**self.bench.model_dump())
+
+    def timeouts(self) -> Timeouts:
+        return Timeouts(**self.backend.timeouts.model_dump())
+
+    def path(self, p: str) -> Path:
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else (REPO_ROOT / q).resolve()
+
+    @property
+    def store_dir(self) -> Path:
+        return self.path(self.tracking.store_dir)
+
+    @property
+    def mlflow_uri(self) -> str:
+        return self.tracking.uri or f"sqlite:///{self.store_dir / 'mlflow.db'}"
+
+    @property
+    def artifact_location(self) -> str:
+        return self.tracking.artifact_location or (self.store_dir / "artifacts").as_uri()
+
+    @property
+    def optuna_storage(self) -> str:
+        return self.tracking.optuna_storage or f"sqlite:///{self.store_dir / 'optuna.db'}"
+
+    @property
+    def rules_db(self) -> str:
+        return self.tracking.rules_db or f"sqlite:///{self.store_dir / 'servesweep.db'}"
+
+    @property
+    def findings_path(self) -> Path:
+        if self.sweep.findings_path:
+            return self.path(self.sweep.findings_path)
+        return self.path(self.tracking.findings_dir) / f"{self.study}.md"
+
+
+
+def _loc(err: Mapping[str, Any]) -> str:
+    return ".".join(str(x) for x in err["loc"]) or "<root>"
+
+
+def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
+    """Validate a composed config into a :class:`SweepSpec`.
+
+    Checks types and ranges (pydantic), the search space (types, bounds, empty choice
+    lists, ``when`` references, constraint syntax), knob names, the baseline and seed
+    trials against the space, renders every seed through the knob registry, and
+    verifies the constraints leave at least one feasible config (sampled check).
+
+    Raises:
+        ConfigError: one line per problem, each naming the dotted field and the fix.
+    """
+    raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    raw = {k: v for k, v in raw.items() if k != "hydra"}
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as e:
+        lines = [f"{_loc(x)}: {x['msg']}" + (f" (got {x['input']!r})" if x["type"] != "missing" and not isinstance(x.get("input"), (dict, list)) else "") for x in e.errors()]
+        raise ConfigError("\n".join(lines)) from None
+    problems: list[str] = []
+    try:
+        space = spec.space
+    except SpaceError as e:
+        raise ConfigError(f"sweep.{e}") from None
+    unknown = [n for n in space.names if n not in KNOWN_KNOBS]
+    for n in unknown:
+        problems.append(f"sweep.params.{n}: unknown knob; known knobs: {sorted(KNOWN_KNOBS)}")
+    if spec.sweep.mode == "search" and not unknown:
+        named = [("sweep.baseline", spec.sweep.baseline)] + [
+            (f"sweep.seed_trials[{i}]", s) for i, s in enumerate(spec.sweep.seed_trials)
+        ]
+        for where, params in named:
+            try:
+                full = space.normalize(params)
+                bad = space.violated(full)
+                if bad:
+                    problems.append(f"{where}: violates constraint(s) {bad}")
+                render_launch(full, spec.node.model_dump(), spec.model.model_dump(), _backend_dict(spec))
+            except (SpaceError, KnobError) as e:
+                problems.append(f"{where}: {e}")
+        for k in spec.sweep.seed_each_level_of:
+            if k not in space.names:
+                problems.append(f"sweep.seed_each_level_of: {k!r} is not a param of the space")
+        if not problems and not _any_feasible(space):
+            problems.append(
+                "sweep.constraints: no config in the space satisfies every constraint; relax a constraint or widen a range"
+            )
+    if spec.sweep.mode == "recheck" and not spec.source:
+        problems.append("source: sweep=recheck needs source=<name of the sweep to re-check>")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return spec
+
+
+def _backend_dict(spec: SweepSpec) -> dict[str, Any]:
+    return spec.backend.model_dump()
+
+
+def _any_feasible(space: SearchSpace, samples: int = 2000) -> bool:
+    """True if some config satisfies every constraint (enumeration, then random sampling)."""
+    import random
+
+    finite = all(p.type != "float" or p.step for p in space.params)
+    if finite:
+        for _ in space.enumerate(limit=1):
+            return True
+        return False
+    rng = random.Random(0)
+    for _ in range(samples):
+        cfg: dict[str, Any] = {}
+        for p in space.params:
+            if not p.active(cfg):
+                continue
+            if p.type == "categorical":
+                cfg[p.name] = rng.choice(p.choices)
+            elif p.type == "int":
+                cfg[p.name] = rng.randint(int(p.low), int(p.high))
+            else:
+                cfg[p.name] = rng.uniform(p.low, p.high)
+        if not space.violated(cfg):
+            return True
+    return False
+
+
+def backend_dict(spec: SweepSpec) -> dict[str, Any]:
+    """The backend config as a plain dict (for :func:`tasks.knobs.render_launch`); ``{python}`` is resolved on the node."""
+    return _backend_dict(spec)
