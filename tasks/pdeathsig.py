@@ -1,0 +1,37 @@
+"""Exec shim: ``python -m tasks.pdeathsig -- ARGV...`` sets PR_SET_PDEATHSIG, then execs ARGV.
+
+``preexec_fn`` is unsafe in threaded processes (Ray workers are threaded), so the trial
+runner starts this shim instead: the kernel sends SIGKILL to the server when the process
+that spawned it (the Ray worker) dies. It reaches only the direct child; the server's own
+children (TP ranks) are killed by the process-group/tree teardown in :mod:`tasks.server`.
+Source: prctl(2), ``PR_SET_PDEATHSIG`` = 1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        sys.stderr.write("usage: python -m tasks.pdeathsig -- COMMAND [ARGS...]\n")
+        sys.exit(2)
+    expected_parent = int(os.environ.pop("SERVESWEEP_PARENT_PID", "0") or 0)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # The parent may have died between fork and prctl: then we are already orphaned.
+        if expected_parent and os.getppid() != expected_parent:
+            os._exit(1)
+    os.execvp(argv[0], argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,298 @@
+"""Server lifecycle on the node: reserve ports, launch, wait healthy, tear down.
+
+One readable context manager, :func:`launched_server`::
+
+    with reserve_ports(2) as ports, launched_server(argv, env, log_path, ports, timeouts) as srv:
+        srv.wait_healthy()
+        ...benchmark http://127.0.0.1:{ports[0]}...
+    # leaving the block kills the whole process tree (SIGTERM -> grace -> SIGKILL)
+
+Modelled on SGLang's ``popen_launch_server`` / ``kill_process_tree`` and the Ray docs on
+user-spawned processes, plus what SGLang's test helpers lack: an own session/process
+group, PR_SET_PDEATHSIG through an exec shim, and a psutil snapshot of the whole tree
+(TP ranks are grandchildren and may leave the group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import httpx
+import psutil
+
+from tasks.types import Timeouts
+
+PORT_LOCK_DIR = Path(tempfile.gettempdir()) / "servesweep-ports"
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+class LifecycleError(RuntimeError):
+    """A lifecycle failure with the phase and a harness failure class.
+
+    Attributes:
+        failure_class: canonical class id when the harness itself decides it
+            (``startup_timeout``, ``port_in_use``, ``teardown_timeout``, ...), or None when
+            the server log decides (the classifier runs on it).
+        phase: ``startup`` | ``warmup`` | ``bench`` | ``teardown``.
+        exit_code: the server's exit code if it exited.
+    """
+
+    def __init__(self, msg: str, phase: str, failure_class: str | None = None, exit_code: int | None = None):
+        super().__init__(msg)
+        self.phase = phase
+        self.failure_class = failure_class
+        self.exit_code = exit_code
+
+
+@contextlib.contextmanager
+def reserve_ports(n: int = 2, host: str = "127.0.0.1") -> Iterator[list[int]]:
+    """Reserve ``n`` free TCP ports on ``host`` for one trial (``--port``, ``--nccl-port``, ...).
+
+    Each port is held by an exclusive ``flock`` on ``<tmp>/servesweep-ports/<port>.lock`` for
+    the whole block, so concurrent trials on the same host never pick the same port; the
+    probing sockets are closed before yielding so the server can bind.
+
+    Yields:
+        list of ``n`` distinct port numbers.
+    Raises:
+        LifecycleError(port_in_use): no free ports after 200 attempts.
+    """
+    PORT_LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    held: list[tuple[int, int]] = []  # (port, lock fd)
+    try:
+        for _ in range(200):
+            if len(held) == n:
+                break
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+            if any(p == port for p, _ in held):
+                continue
+            fd = os.open(PORT_LOCK_DIR / f"{port}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            held.append((port, fd))
+        if len(held) < n:
+            raise LifecycleError(f"could not reserve {n} free ports on {host}", "startup", "port_in_use")
+        yield [p for p, _ in held]
+    finally:
+        for _, fd in held:
+            os.close(fd)
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True if nothing listens on ``host:port`` (bind test)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+@dataclass
+class ServerProcess:
+    """A launched server: its Popen, log file, base URL and every pid ever seen in its tree."""
+
+    proc: subprocess.Popen
+    log_path: Path
+    base_url: str
+    timeouts: Timeouts
+    container_name: str | None = None
+    container_runtime: str = "docker"
+    t_launch: float = field(default_factory=time.monotonic)
+    t_healthy: float | None = None
+    seen: dict[int, float] = field(default_factory=dict)  # pid -> create_time
+
+    def snapshot_tree(self) -> None:
+        """Remember every live process of the server's tree (pid + create time)."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    self.seen.setdefault(p.pid, p.create_time())
+        except psutil.Error:
+            pass
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            pgid = os.getpgid(self.proc.pid)
+            for p in psutil.process_iter(["pid"]):
+                with contextlib.suppress(psutil.Error, ProcessLookupError):
+                    if os.getpgid(p.pid) == pgid:
+                        self.seen.setdefault(p.pid, p.create_time())
+
+    def alive_pids(self) -> list[int]:
+        """Pids from :attr:`seen` that are still the same running process (not reused, not zombie)."""
+        out = []
+        for pid, ctime in self.seen.items():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                if abs(p.create_time() - ctime) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(pid)
+        return out
+
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def log_text(self, max_bytes: int = 1 << 20) -> str:
+        """The server log (last ``max_bytes`` bytes), decoded leniently."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - max_bytes))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def wait_healthy(self, client: httpx.Client | None = None) -> float:
+        """Poll ``/health_generate`` until 200, watching the process on every loop.
+
+        Returns:
+            startup time, s (launch -> healthy).
+        Raises:
+            LifecycleError: the server exited (phase ``startup``, class decided from its
+                log), or ``startup_timeout`` after ``timeouts.startup_s``.
+        """
+        own = client is None
+        client = client or httpx.Client(timeout=self.timeouts.health_request_s)
+        deadline = self.t_launch + self.timeouts.startup_s
+        delay = 0.05
+        try:
+            while True:
+                self.snapshot_tree()
+                rc = self.proc.poll()
+                if rc is not None:
+                    raise LifecycleError(f"server exited with code {rc} during startup", "startup", None, rc)
+                try:
+                    r = client.get(self.base_url + "/health_generate", timeout=self.timeouts.health_request_s)
+                    if r.status_code == 200:
+                        self.t_healthy = time.monotonic()
+                        self.snapshot_tree()
+                        return self.t_healthy - self.t_launch
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise LifecycleError(
+                        f"server not healthy after {self.timeouts.startup_s:.0f} s", "startup", "startup_timeout"
+                    )
+                time.sleep(delay)
+                delay = min(delay * 1.5, 1.0)
+        finally:
+            if own:
+                client.close()
+
+    def terminate(self) -> bool:
+        """Tear down the whole tree: SIGTERM to the group and every seen pid, wait
+        ``term_grace_s``, then SIGKILL; stop the container by name if one is configured.
+
+        Returns:
+            True when every process of the tree is gone; False if something survived SIGKILL
+            (``teardown_timeout``).
+        """
+        self.snapshot_tree()
+        if self.container_name:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(
+                    [self.container_runtime, "stop", "-t", str(int(self.timeouts.term_grace_s)), self.container_name],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=self.timeouts.term_grace_s + 30,
+                )
+        self._signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + self.timeouts.term_grace_s
+        while time.monotonic() < deadline:
+            self.proc.poll()
+            if not self.alive_pids():
+                break
+            time.sleep(0.05)
+        if self.alive_pids():
+            self._signal_all(signal.SIGKILL)
+            end = time.monotonic() + 5.0
+            while time.monotonic() < end and self.alive_pids():
+                self.proc.poll()
+                time.sleep(0.05)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=1.0)
+        return not self.alive_pids()
+
+    def _signal_all(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)  # own session: pgid == pid
+        for pid in self.alive_pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+
+def launch(
+    argv: Sequence[str],
+    env: dict[str, str],
+    log_path: Path,
+    timeouts: Timeouts,
+    base_url: str,
+    container_name: str | None = None,
+    pdeathsig: bool = True,
+) -> ServerProcess:
+    """Start the server: argv list (never a shell), own session, output to a file.
+
+    The server's stdout/stderr go to ``log_path`` (never an undrained PIPE, which blocks at
+    64 KiB and looks like a hang). With ``pdeathsig`` the command runs behind
+    :mod:`tasks.pdeathsig`, so it dies with the Ray worker.
+
+    Raises:
+        LifecycleError(cli_arg_error): the launcher executable does not exist.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "SERVESWEEP_PARENT_PID": str(os.getpid())}
+    cmd = list(argv)
+    if pdeathsig and sys.platform.startswith("linux"):
+        cmd = [sys.executable, "-m", "tasks.pdeathsig", "--", *cmd]
+    log = open(log_path, "ab", buffering=0)
+    try:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+            start_new_session=True, close_fds=True,
+        )
+    except FileNotFoundError as e:
+        raise LifecycleError(f"launcher not found: {argv[0]!r} ({e.strerror})", "startup", "cli_arg_error") from None
+    finally:
+        log.close()
+    srv = ServerProcess(proc=proc, log_path=log_path, base_url=base_url, timeouts=timeouts, container_name=container_name)
+    srv.snapshot_tree()
+    return srv
+
+
+@contextlib.contextmanager
+def launched_server(
+    argv: Sequence[str], env: dict[str, str], log_path: Path, base_url: str, timeouts: Timeouts,
+    container_name: str | None = None,
+) -> Iterator[ServerProcess]:
+    """Context manager around :func:`launch`; always tears the tree down on exit.
+
+    Raises:
+        LifecycleError(teardown_timeout): a process survived SIGKILL (only when the body
+            itself succeeded, so the body's own error is never masked).
+    """
+    srv = launch(argv, env, log_path, timeouts, base_url, container_name)
+    ok = False
+    try:
+        yield srv
+        ok = True
+    finally:
+        clean = srv.terminate()
+        if ok and not clean:
+            raise LifecycleError("server processes survived SIGKILL", "teardown", "teardown_timeout")
