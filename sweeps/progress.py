@@ -1,0 +1,91 @@
+"""Terminal progress (one line per finished trial + a status line) and the closing summary."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import optuna
+from rich.console import Console
+from rich.table import Table
+
+from sweeps.records import TrialRecord, load_records
+
+
+class Progress:
+    """Prints each finished trial and, every refresh, a status line: launched / running /
+    failed / skipped, best tok/s so far and an ETA from the mean launched-trial time."""
+
+    def __init__(self, study_name: str, budget_trials: int | None, console: Console | None = None):
+        self.console = console or Console(highlight=False)
+        self.study_name = study_name
+        self.budget = budget_trials
+        self._last_status = 0.0
+
+    def event(self, line: str) -> None:
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {line}", markup=True, soft_wrap=True)
+
+    def status_line(self, recs: list[TrialRecord], running: int, t_start: float) -> str:
+        launched = [r for r in recs if r.launched]
+        failed = sum(r.status in ("failed", "infra_error") for r in recs)
+        skipped = sum(r.status in ("skipped", "infeasible") for r in recs)
+        ok = [r.value for r in recs if r.status == "ok" and r.value is not None]
+        best = max(ok) if ok else None
+        elapsed = time.monotonic() - t_start
+        eta = ""
+        if self.budget and launched:
+            left = max(0, self.budget - len(launched))
+            eta = f", ETA {left * elapsed / max(1, len(launched)):.0f} s"
+        return (f"[{self.study_name}] launched {len(launched)}/{self.budget or '-'}, running {running}, "
+                f"failed {failed}, skipped {skipped}, best {best:.1f} tok/s" if best else
+                f"[{self.study_name}] launched {len(launched)}/{self.budget or '-'}, running {running}, "
+                f"failed {failed}, skipped {skipped}") + eta
+
+    def refresh(self, study: optuna.Study, running: int, t_start: float, every_s: float = 15.0) -> None:
+        now = time.monotonic()
+        if now - self._last_status >= every_s:
+            self._last_status = now
+            self.console.print(f"[bold]{self.status_line(load_records(study), running, t_start)}[/bold]")
+
+    def summary(self, recs: list[TrialRecord], best: TrialRecord | None, baseline: float | None,
+                stop_reason: str | None, findings: Path) -> None:
+        """The closing table: top configs, failures by class, the best launch command."""
+        c = self.console
+        c.rule(f"servesweep: {self.study_name}")
+        if stop_reason:
+            c.print(f"stopped: {stop_reason}")
+        ok = sorted((r for r in recs if r.status == "ok" and r.value is not None and r.duplicate_of is None),
+                    key=lambda r: -r.value)
+        t = Table(title="best configurations (decode tok/s, batch 1)")
+        for col in ("trial", "tok/s", "speedup", "TTFT ms", "ITL p50 ms", "accept len", "config"):
+            t.add_column(col)
+        for r in ok[:8]:
+            sp = r.metrics.get("speedup_vs_baseline")
+            t.add_row(str(r.number), f"{r.value:.1f}", f"{sp:.2f}x" if sp else "-",
+                      f"{r.metrics.get('ttft_ms_p50', float('nan')):.0f}", f"{r.metrics.get('itl_ms_p50', float('nan')):.1f}",
+                      f"{r.metrics.get('accept_length', 1.0):.2f}",
+                      " ".join(f"{k}={v}" for k, v in r.params.items()) + (" [baseline]" if r.is_baseline else ""))
+        c.print(t)
+        fails: dict[str, int] = {}
+        for r in recs:
+            if r.failure_class and r.status in ("failed", "infra_error", "skipped"):
+                fails[r.failure_class] = fails.get(r.failure_class, 0) + 1
+        if fails:
+            ft = Table(title="failures and skips by class")
+            ft.add_column("class")
+            ft.add_column("trials")
+            for k, v in sorted(fails.items(), key=lambda kv: -kv[1]):
+                ft.add_row(k, str(v))
+            c.print(ft)
+        launched = sum(r.launched for r in recs)
+        gpu_h = sum(r.timings.get("gpu_s", 0.0) for r in recs) / 3600
+        c.print(f"{launched} trials launched, {len(recs) - launched} answered without GPU time, {gpu_h:.3f} GPU-hours.")
+        if baseline:
+            c.print(f"baseline: {baseline:.1f} tok/s")
+        if best is not None:
+            c.print(f"best: trial {best.number}, {best.value:.1f} tok/s"
+                    + (f" ({best.value / baseline:.2f}x baseline)" if baseline else ""))
+            c.print("launch command:")
+            c.print(best.launch_command, markup=False, soft_wrap=True)
+        if findings.exists():
+            c.print(f"findings: {findings}")

@@ -1,0 +1,139 @@
+"""A flat, typed view of a study's trials: what findings, reports and MLflow sync read.
+
+Optuna is the source of truth. Every fact about a finished trial lives in its user
+attributes (written by the driver before ``study.tell``), so the findings document, the
+report and the MLflow sync can all be rebuilt from storage alone.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+# user_attrs keys written by the driver
+A_STATUS = "status"  # ok | failed | infra_error | skipped | interrupted | infeasible
+A_METRICS = "metrics"
+A_FAILURE_CLASS = "failure_class"
+A_FAILURE_KIND = "failure_kind"
+A_SIGNATURE = "failure_signature"
+A_PHASE = "phase"
+A_PERF_TAGS = "perf_tags"
+A_SKIPPED_BY_RULE = "skipped_by_rule"
+A_DUPLICATE_OF = "duplicate_of"
+A_BASELINE = "is_baseline"
+A_LAUNCH = "launch_command"
+A_FINGERPRINT = "fingerprint"
+A_NODE = "node"
+A_TIMINGS = "timings"  # {startup_s, bench_s, gpu_s, wall_s}
+A_ATTEMPTS = "attempts"
+A_CONFIG_KEY = "config_key"
+A_LOG_TAIL = "log_tail"
+A_VIOLATED = "violated_constraints"
+
+
+def config_key(params: dict[str, Any]) -> str:
+    """Canonical JSON of a config's active params (sorted keys): equal configs, equal keys."""
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+@dataclass
+class TrialRecord:
+    """One trial as the findings/report/MLflow code sees it.
+
+    Attributes:
+        number: Optuna trial number.  state: Optuna state name (COMPLETE, PRUNED, FAIL, RUNNING).
+        params: knob values.  status: see ``A_STATUS``.
+        metrics: ``decode_tok_s`` (tok/s), ``output_tok_s``, ``ttft_ms_p50``, ``itl_ms_p50``,
+            ``itl_ms_p99`` (ms), ``accept_length``, ``speedup_vs_baseline`` (ratio).
+        timings: ``startup_s``, ``bench_s``, ``gpu_s``, ``wall_s`` (s).
+    """
+
+    number: int
+    state: str
+    params: dict[str, Any]
+    status: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    failure_class: str | None = None
+    failure_kind: str | None = None
+    failure_signature: str | None = None
+    phase: str | None = None
+    perf_tags: list[str] = field(default_factory=list)
+    skipped_by_rule: str | None = None
+    duplicate_of: int | None = None
+    is_baseline: bool = False
+    launch_command: str = ""
+    fingerprint: dict[str, str] = field(default_factory=dict)
+    node: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+    attempts: int = 0
+    log_tail: str = ""
+    violated: list[str] = field(default_factory=list)
+    datetime_start: Any = None
+    datetime_complete: Any = None
+
+    @property
+    def launched(self) -> bool:
+        """True if the trial spent GPU time (not a skip, duplicate or infeasible config)."""
+        return self.status in ("ok", "failed", "infra_error", "interrupted") and self.duplicate_of is None
+
+    @property
+    def value(self) -> float | None:
+        return self.metrics.get("decode_tok_s") if self.status == "ok" else None
+
+
+def record_from_trial(t: FrozenTrial) -> TrialRecord:
+    """Build a :class:`TrialRecord` from an Optuna trial's params and user attributes."""
+    u = t.user_attrs
+    return TrialRecord(
+        number=t.number,
+        state=t.state.name,
+        params=dict(t.params),
+        status=u.get(A_STATUS, "running" if t.state == TrialState.RUNNING else t.state.name.lower()),
+        metrics=dict(u.get(A_METRICS) or {}),
+        failure_class=u.get(A_FAILURE_CLASS),
+        failure_kind=u.get(A_FAILURE_KIND),
+        failure_signature=u.get(A_SIGNATURE),
+        phase=u.get(A_PHASE),
+        perf_tags=list(u.get(A_PERF_TAGS) or []),
+        skipped_by_rule=u.get(A_SKIPPED_BY_RULE),
+        duplicate_of=u.get(A_DUPLICATE_OF),
+        is_baseline=bool(u.get(A_BASELINE, False)),
+        launch_command=u.get(A_LAUNCH, ""),
+        fingerprint=dict(u.get(A_FINGERPRINT) or {}),
+        node=u.get(A_NODE, ""),
+        timings=dict(u.get(A_TIMINGS) or {}),
+        attempts=int(u.get(A_ATTEMPTS, 0)),
+        log_tail=u.get(A_LOG_TAIL, ""),
+        violated=list(u.get(A_VIOLATED) or []),
+        datetime_start=t.datetime_start,
+        datetime_complete=t.datetime_complete,
+    )
+
+
+def load_records(study: optuna.Study) -> list[TrialRecord]:
+    """Every trial of ``study`` as :class:`TrialRecord`, by trial number."""
+    return [record_from_trial(t) for t in study.get_trials(deepcopy=False)]
+
+
+def trial_dir(store_dir: Path, study_name: str, number: int) -> Path:
+    """Where the driver keeps a trial's files (server log, bench JSON, launch command)."""
+    return store_dir / "trials" / study_name / f"{number:05d}"
+
+
+def baseline_value(records: list[TrialRecord]) -> float | None:
+    """The baseline's objective measured in this study (median of its ok runs), or None."""
+    vals = sorted(r.metrics["decode_tok_s"] for r in records if r.is_baseline and r.status == "ok" and "decode_tok_s" in r.metrics)
+    if not vals:
+        return None
+    return vals[len(vals) // 2]
+
+
+def best_record(records: list[TrialRecord]) -> TrialRecord | None:
+    """The ok, launched trial with the highest objective, or None."""
+    ok = [r for r in records if r.status == "ok" and r.value is not None and r.duplicate_of is None]
+    return max(ok, key=lambda r: r.value) if ok else None

@@ -1,0 +1,246 @@
+"""MLflow tracking, written by the driver only, synced idempotently from Optuna.
+
+Experiment = sweep name; one parent run per study (its id kept in the study's user
+attributes, reopened on resume); one child run per finished trial with an explicit
+``mlflow.parentRunId`` tag and a ``trial_key`` tag (``<study>/<number>``) that makes
+the sync idempotent: a crash or an MLflow outage delays a run, never duplicates or
+loses it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import optuna
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+from sweeps.records import TrialRecord, trial_dir
+
+log = logging.getLogger("servesweep.tracking")
+PARENT_ATTR = "mlflow_parent_run_id"
+METRIC_KEYS = ("decode_tok_s", "output_tok_s", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99", "accept_length",
+               "speedup_vs_baseline", "e2e_s_p50")
+T = TypeVar("T")
+
+
+def retry(fn: Callable[[], T], what: str, attempts: int = 5, base_delay_s: float = 0.2) -> T:
+    """Call ``fn`` retrying SQLite-busy / connection errors with exponential backoff.
+
+    Raises:
+        the last exception after ``attempts`` tries.
+    """
+    for i in range(attempts):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - MLflow raises many types for a busy/unreachable store
+            if i == attempts - 1:
+                raise
+            log.debug("%s failed (%s), retrying", what, e)
+            time.sleep(base_delay_s * 2**i)
+    raise AssertionError("unreachable")
+
+
+def run_name(r: TrialRecord) -> str:
+    """Readable child run name, e.g. ``t012 eagle3 nccl/Ring g128``."""
+    p = r.params
+    bits = [f"t{r.number:03d}", str(p.get("speculative", "none"))]
+    ar = str(p.get("allreduce", "nccl"))
+    algo = p.get("nccl_algo")
+    bits.append(f"{ar}/{algo}" if algo and algo != "default" else ar)
+    if p.get("cuda_graph_max_bs") is not None:
+        bits.append(f"g{p['cuda_graph_max_bs']}")
+    if p.get("speculative") == "eagle3":
+        bits.append(f"{p.get('eagle_num_steps')}/{p.get('eagle_topk')}/{p.get('eagle_num_draft_tokens')}")
+    if p.get("moe_a2a_backend") not in (None, "none"):
+        bits.append(f"a2a:{p['moe_a2a_backend']}")
+    return " ".join(bits)
+
+
+def _tag(v: Any) -> str:
+    s = v if isinstance(v, str) else json.dumps(v, default=str)
+    return s[:MAX_TAG_VAL_LENGTH]
+
+
+class Tracker:
+    """The driver's MLflow writer.
+
+    Args:
+        tracking_uri: e.g. ``sqlite:////abs/mlflow/mlflow.db`` or ``http://mlflow:5000``.
+        experiment: experiment name (= sweep name).
+        artifact_location: absolute artifact root URI for a new experiment.
+    """
+
+    def __init__(self, tracking_uri: str, experiment: str, artifact_location: str):
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.uri = tracking_uri
+        exp = retry(lambda: self.client.get_experiment_by_name(experiment), "get experiment")
+        if exp is None:
+            self.experiment_id = retry(
+                lambda: self.client.create_experiment(experiment, artifact_location=artifact_location),
+                "create experiment",
+            )
+        else:
+            if exp.lifecycle_stage == "deleted":
+                retry(lambda: self.client.restore_experiment(exp.experiment_id), "restore experiment")
+            self.experiment_id = exp.experiment_id
+        self.parent_run_id: str | None = None
+        self._synced: set[str] | None = None
+
+    # ---- parent run -----------------------------------------------------------------
+    def open_parent(self, study: optuna.Study, description: str, params: dict[str, Any]) -> str:
+        """Reopen the study's parent run (id in the study's user attrs) or create it."""
+        rid = study.user_attrs.get(PARENT_ATTR)
+        if rid:
+            try:
+                run = retry(lambda: self.client.get_run(rid), "get parent run")
+                if run.info.lifecycle_stage == "active":
+                    retry(lambda: self.client.update_run(rid, status="RUNNING"), "reopen parent")
+                    self.parent_run_id = rid
+                    return rid
+            except Exception:  # noqa: BLE001 - parent gone (deleted store): create a new one
+                log.warning("parent run %s not found; creating a new one", rid)
+        run = retry(
+            lambda: self.client.create_run(
+                self.experiment_id,
+                run_name=study.study_name,
+                tags={"mlflow.note.content": description, "servesweep.role": "study", "study": study.study_name},
+            ),
+            "create parent run",
+        )
+        self.parent_run_id = run.info.run_id
+        study.set_user_attr(PARENT_ATTR, self.parent_run_id)
+        self.log_params(self.parent_run_id, params)
+        return self.parent_run_id
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        ps = [Param(k, _tag(v)[:6000]) for k, v in params.items()]
+        if ps:
+            retry(lambda: self.client.log_batch(run_id, params=ps), "log params")
+
+    def close_parent(self, status: str = "FINISHED") -> None:
+        if self.parent_run_id:
+            retry(lambda: self.client.set_terminated(self.parent_run_id, status), "close parent")
+
+    def set_parent_tags(self, tags: dict[str, Any]) -> None:
+        assert self.parent_run_id
+        rt = [RunTag(k, _tag(v)) for k, v in tags.items()]
+        retry(lambda: self.client.log_batch(self.parent_run_id, tags=rt), "parent tags")
+
+    def log_parent_metrics(self, metrics: dict[str, float]) -> None:
+        assert self.parent_run_id
+        now = int(time.time() * 1000)
+        ms = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and math.isfinite(v)]
+        if ms:
+            retry(lambda: self.client.log_batch(self.parent_run_id, metrics=ms), "parent metrics")
+
+    def log_parent_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        assert self.parent_run_id
+        retry(lambda: self.client.log_artifact(self.parent_run_id, str(path), artifact_path), "parent artifact")
+
+    # ---- child runs -------------------------------------------------------------------
+    def synced_keys(self) -> set[str]:
+        """trial_key tags of finished child runs of the parent (loaded once, then cached)."""
+        if self._synced is None:
+            keys: set[str] = set()
+            token = None
+            while True:
+                page = retry(
+                    lambda: self.client.search_runs(
+                        [self.experiment_id],
+                        filter_string=f"tags.`mlflow.parentRunId` = '{self.parent_run_id}'",
+                        max_results=1000,
+                        page_token=token,
+                    ),
+                    "search child runs",
+                )
+                for run in page:
+                    key = run.data.tags.get("trial_key")
+                    if not key:
+                        continue
+                    if run.info.status in ("FINISHED", "FAILED", "KILLED"):
+                        keys.add(key)
+                    else:  # half-written by a crashed driver: drop it, it is rewritten below
+                        retry(lambda: self.client.delete_run(run.info.run_id), "delete partial run")
+                token = page.token
+                if not token:
+                    break
+            self._synced = keys
+        return self._synced
+
+    def sync(self, study_name: str, records: list[TrialRecord], store_dir: Path, extra_tags: dict[str, str]) -> int:
+        """Log every finished trial not yet in MLflow. Returns how many were logged.
+
+        Never raises for an MLflow outage: the error is logged and the next sync retries.
+        """
+        try:
+            done = self.synced_keys()
+        except Exception as e:  # noqa: BLE001
+            log.warning("MLflow unreachable (%s); trials will be synced later", e)
+            self._synced = None
+            return 0
+        n = 0
+        for r in records:
+            if r.state in ("RUNNING", "WAITING"):
+                continue
+            key = f"{study_name}/{r.number}"
+            if key in done:
+                continue
+            try:
+                self._log_child(key, r, trial_dir(store_dir, study_name, r.number), extra_tags)
+            except Exception as e:  # noqa: BLE001
+                log.warning("MLflow sync of %s failed (%s); will retry", key, e)
+                self._synced = None
+                return n
+            done.add(key)
+            n += 1
+        return n
+
+    def _log_child(self, key: str, r: TrialRecord, tdir: Path, extra_tags: dict[str, str]) -> None:
+        tags = {
+            "mlflow.parentRunId": self.parent_run_id,
+            "trial_key": key,
+            "trial_number": str(r.number),
+            "status": r.status,
+            "failure_class": r.failure_class or "",
+            "failure_kind": r.failure_kind or "",
+            "failure_signature": r.failure_signature or "",
+            "phase": r.phase or "",
+            "perf_tags": ",".join(r.perf_tags),
+            "skipped_by_rule": r.skipped_by_rule or "",
+            "duplicate_of": "" if r.duplicate_of is None else str(r.duplicate_of),
+            "is_baseline": str(r.is_baseline).lower(),
+            "node": r.node,
+            "launch_command": r.launch_command,
+            **{f"fp.{k}": str(v) for k, v in r.fingerprint.items()},
+            **extra_tags,
+        }
+        tags = {k: v for k, v in tags.items() if v not in ("", None)}
+        tags["status"] = r.status
+        run = retry(
+            lambda: self.client.create_run(self.experiment_id, run_name=run_name(r),
+                                           tags={"trial_key": key, "mlflow.parentRunId": self.parent_run_id}),
+            "create child run",
+        )
+        rid = run.info.run_id
+        now = int(time.time() * 1000)
+        metrics = {k: v for k, v in r.metrics.items() if k in METRIC_KEYS}
+        metrics.update({k: v for k, v in r.timings.items() if k in ("startup_s", "bench_s", "gpu_s", "wall_s")})
+        ms = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
+        ps = [Param(k, str(v)) for k, v in r.params.items()]
+        rt = [RunTag(k, _tag(v)) for k, v in tags.items()]
+        retry(lambda: self.client.log_batch(rid, metrics=ms, params=ps, tags=rt), "log child")
+        if tdir.is_dir():
+            for f in sorted(tdir.iterdir()):
+                if f.is_file() and f.stat().st_size > 0:
+                    retry(lambda f=f: self.client.log_artifact(rid, str(f)), "log artifact")
+        status = "FINISHED" if r.status in ("ok",) else ("KILLED" if r.status == "interrupted" else "FAILED")
+        if r.status in ("skipped",) and r.duplicate_of is not None:
+            status = "FINISHED"
+        retry(lambda: self.client.set_terminated(rid, status), "terminate child")
