@@ -1,0 +1,456 @@
+"""The emulated SGLang server process: ``python -m tasks.emulator.server <SGLang flags>``.
+
+Behaviour (see docs/emulator.md):
+* parses SGLang's flags (``tasks.emulator.flags``; argparse errors -> stderr, exit 2);
+* reads the profile from ``$SERVESWEEP_EMULATOR_PROFILE`` (JSON; default: shipped conf);
+* spawns ``min(tp, emulator.rank_processes)`` child ``tasks.emulator.rank`` processes in
+  its own process group (they survive the launcher's death, like SGLang's ranks);
+* replays the modelled startup log with sleeps × ``time_scale``; binds HTTP after the
+  weights load (``/health`` is 503 until ready); on a modelled failure prints the
+  SGLang-like traceback, kills its children and SIGKILLs itself (exit -9) or exits 1;
+* serves /health, /health_generate, /generate (stream or not), /v1/completions,
+  /server_info, /get_server_info, /get_model_info, pacing tokens at absolute deadlines;
+* SIGTERM: terminates its children, waits ``teardown_s × time_scale``, exits 0
+  (faults ``ignore_sigterm`` and ``orphan_children`` change that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from tasks.emulator.flags import LaunchArgError
+from tasks.emulator.model import (LaunchConfig, Prediction, accepted_from_uniform, evaluate, parse_launch,
+                                  run_factor)
+from tasks.emulator.profile import profile_from_env
+
+GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+BENCH_FAULTS = ("crash_bench", "stall_bench", "early_exit")
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def token_id(prompt_key: int, position: int, vocab: int) -> int:
+    """Deterministic output token id for (prompt, position): independent of the launch config."""
+    x = (prompt_key * 0x9E3779B1 + position * 0x85EBCA77 + 0x2545F491) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
+    x ^= x >> 12
+    return x % vocab
+
+
+def prompt_key(input_ids: list[int]) -> int:
+    """CRC32 of the prompt token ids."""
+    return zlib.crc32(",".join(map(str, input_ids)).encode())
+
+
+def text_to_ids(text: str, vocab: int) -> list[int]:
+    """Whitespace 'tokenizer': one id per word (CRC32 mod vocab); at least one token."""
+    words = text.split() or [""]
+    return [zlib.crc32(w.encode()) % vocab for w in words]
+
+
+def ids_to_text(ids: list[int]) -> str:
+    return "".join(f" w{i}" for i in ids)
+
+
+class EmulatedServer:
+    """State of one emulated server process (one asyncio loop)."""
+
+    def __init__(self, profile: dict, launch: LaunchConfig, pred: Prediction):
+        self.profile, self.launch, self.pred = profile, launch, pred
+        emu = profile["emulator"]
+        self.ts = float(emu["time_scale"])
+        self.fault = emu.get("fault")
+        self.fault_after_s = emu.get("fault_after_s")
+        self.fault_after_tokens = int(emu.get("fault_after_tokens") or 24)
+        self.seed = int(emu.get("seed") or 0)
+        self.vocab = int(profile["model"]["emulator"]["vocab_size"])
+        self.factor = run_factor(profile, launch)
+        self.ready = False
+        self.children: list[subprocess.Popen] = []
+        self.runner: web.AppRunner | None = None
+        self.perf_cache: dict[int, Prediction] = {}
+        self.active = 0
+        self.req_counter = 0
+        self.bench_tokens = 0
+        self.first_bench_t: float | None = None
+        self.stalled = asyncio.Event()
+        self.last_tau = pred.accept_length
+        self.last_rate = 0.0
+        self.t_start = time.time()
+
+    # ---------------------------------------------------------------- logging
+    def out(self, line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    def log(self, text: str, tag: str | None = None) -> None:
+        lt = time.localtime()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", lt)
+        self.out(f"[{stamp}{' ' + tag if tag else ''}] {text}")
+
+    # ---------------------------------------------------------------- processes
+    def spawn_ranks(self) -> None:
+        n = max(1, min(self.launch.tp, int(self.profile["emulator"].get("rank_processes") or 2)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        for r in range(n):
+            argv = [sys.executable, "-m", "tasks.emulator.rank", "--rank", str(r)]
+            if self.fault == "ignore_sigterm":
+                argv.append("--ignore-sigterm")
+            self.children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                  stderr=subprocess.DEVNULL, env=env, cwd=REPO_ROOT))
+
+    def kill_children(self, sig: int = signal.SIGKILL) -> None:
+        for c in self.children:
+            try:
+                c.send_signal(sig)
+            except ProcessLookupError:
+                pass
+        for c in self.children:
+            try:
+                c.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                c.kill()
+
+    def die(self, exit_code: int) -> None:
+        """SGLang's failure exit: kill_process_tree -> SIGKILL self (-9), else os._exit(code)."""
+        self.kill_children(signal.SIGKILL)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if exit_code == -9:
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(exit_code)
+
+    def on_sigterm(self) -> None:
+        if self.fault == "ignore_sigterm":
+            return
+        asyncio.get_running_loop().create_task(self._graceful_exit())
+
+    async def _graceful_exit(self) -> None:
+        self.log("Received SIGTERM. Shutting down.")
+        if self.fault != "orphan_children":
+            self.kill_children(signal.SIGTERM)
+        await asyncio.sleep(self.profile["node"]["emulator"]["startup"]["teardown_s"] * self.ts)
+        sys.stdout.flush()
+        os._exit(0)
+
+    # ---------------------------------------------------------------- startup
+    async def sleep_until(self, t_abs: float) -> None:
+        dt = t_abs - time.monotonic()
+        if dt > 0:
+            await asyncio.sleep(dt)
+
+    async def bind(self) -> None:
+        app = web.Application()
+        r = app.router
+        r.add_get("/health", self.h_health)
+        r.add_get("/health_generate", self.h_health_generate)
+        r.add_post("/generate", self.h_generate)
+        r.add_post("/v1/completions", self.h_completions)
+        r.add_get("/server_info", self.h_server_info)
+        r.add_get("/get_server_info", self.h_server_info)
+        r.add_get("/get_model_info", self.h_model_info)
+        r.add_get("/v1/models", self.h_models)
+        r.add_post("/flush_cache", self.h_flush)
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.launch.host, self.launch.port, reuse_address=True)
+        await site.start()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.fault == "ignore_sigterm":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:
+            loop.add_signal_handler(signal.SIGTERM, self.on_sigterm)
+        loop.add_signal_handler(signal.SIGINT, self.on_sigterm)
+        self.spawn_ranks()
+        t0 = time.monotonic()
+        events = self.pred.events
+        if self.fault == "crash_startup":
+            cut = max((i for i, e in enumerate(events) if "Load weight begin" in e.text), default=0)
+            events = events[:cut + 1]
+        bind_delay = 0.0
+        for i, ev in enumerate(events):
+            await self.sleep_until(t0 + ev.t_s * self.ts)
+            if self.fault == "hang_startup" and "Capture cuda graph begin" in ev.text:
+                self.log(ev.text, ev.tag)
+                await asyncio.Event().wait()  # never healthy
+            if ev.kind == "log":
+                self.out(ev.text if ev.raw else f"{self._prefix(ev.tag)} {ev.text}")
+            elif ev.kind == "bind":
+                if self.fault == "late_bind":
+                    bind_delay = float(self.fault_after_s if self.fault_after_s is not None else 2.0)
+                else:
+                    await self.bind()
+            elif ev.kind == "ready":
+                if bind_delay:
+                    await asyncio.sleep(bind_delay)
+                    await self.bind()
+                self.ready = True
+        if self.fault == "crash_startup":
+            await asyncio.sleep(2.0 * self.ts)
+            self.log("Scheduler hit an exception: Traceback (most recent call last):", "TP0")
+            self.out('  File "<VENV>/sglang/srt/model_executor/model_runner.py", line 812, in load_model')
+            self.out("RuntimeError: emulated fault crash_startup (SERVESWEEP_EMULATOR_FAULT)")
+            self.log("Received sigquit from a child process. It usually means the child failed.")
+            self.die(-9)
+        if self.pred.outcome != "ok":
+            self.die(self.pred.failure.exit_code)
+        await asyncio.Event().wait()
+
+    def _prefix(self, tag: str | None) -> str:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        return f"[{stamp}{' ' + tag if tag else ''}]"
+
+    # ---------------------------------------------------------------- generation
+    def perf(self, batch: int) -> Prediction:
+        p = self.perf_cache.get(batch)
+        if p is None:
+            p = evaluate(self.profile, self.launch, batch=batch)
+            self.perf_cache[batch] = p
+        return p
+
+    async def _maybe_fault(self) -> None:
+        if self.fault not in BENCH_FAULTS:
+            return
+        if self.fault_after_s is not None:
+            hit = self.first_bench_t is not None and time.monotonic() - self.first_bench_t >= float(self.fault_after_s)
+        else:
+            hit = self.bench_tokens >= self.fault_after_tokens
+        if not hit:
+            return
+        if self.fault == "crash_bench":
+            self.log("Scheduler hit an exception: Traceback (most recent call last):", "TP2")
+            self.out('  File "<VENV>/sglang/srt/managers/scheduler.py", line 1123, in event_loop_overlap')
+            self.out("RuntimeError: CUDA error: an illegal memory access was encountered")
+            self.log("Received sigquit from a child process. It usually means the child failed.")
+            self.die(-9)
+        elif self.fault == "early_exit":
+            self.log("Gracefully exiting... Remaining number of requests 1.")
+            self.kill_children(signal.SIGTERM)
+            sys.stdout.flush()
+            os._exit(0)
+        elif self.fault == "stall_bench":
+            self.stalled.set()
+
+    async def generate(self, input_ids: list[int], max_new: int, bench: bool):
+        """Async generator of (new_token_ids, verify_passes_so_far, finished) at modelled times."""
+        loop_t0 = time.monotonic()
+        self.active += 1
+        self.req_counter += 1
+        if bench and self.first_bench_t is None:
+            self.first_bench_t = loop_t0
+        try:
+            perf = self.perf(self.active)
+            key = prompt_key(input_ids)
+            vocab = self.vocab
+            corrupt = self.fault == "corrupt_tokens"
+
+            def tid(pos: int) -> int:
+                t = token_id(key, pos, vocab)
+                return (t + 7919) % vocab if corrupt and pos >= 1 else t
+
+            max_new = max(1, int(max_new))
+            t_first = loop_t0 + perf.ttft_ms / 1000.0 / self.factor
+            await self.sleep_until(t_first)
+            spec = self.launch.speculative
+            pos, cycles = 1, (0 if spec else 1)
+            yield [tid(0)], max(cycles, 1) if max_new == 1 else cycles, max_new == 1
+            if bench:
+                self.bench_tokens += 1
+            interval = (perf.t_cycle_ms if spec else perf.itl_ms) / 1000.0 / self.factor
+            probs = perf.spec.get("position_probs", [])
+            rng = random.Random(zlib.crc32(f"{self.seed}|{self.req_counter}|{key}".encode()))
+            u0 = rng.random()
+            k = 0
+            while pos < max_new:
+                if bench:
+                    await self._maybe_fault()
+                if self.stalled.is_set():
+                    await asyncio.Event().wait()
+                k += 1
+                await self.sleep_until(t_first + k * interval)
+                n = accepted_from_uniform(probs, (u0 + k * GOLDEN) % 1.0) if spec else 1
+                n = min(n, max_new - pos)
+                new = [tid(pos + j) for j in range(n)]
+                pos += n
+                cycles += 1
+                if bench:
+                    self.bench_tokens += n
+                yield new, cycles, pos >= max_new
+            el = time.monotonic() - t_first
+            if pos > 1 and el > 0:
+                self.last_rate = (pos - 1) / el
+            if spec and cycles:
+                self.last_tau = pos / max(cycles, 1)
+        finally:
+            self.active -= 1
+
+    # ---------------------------------------------------------------- HTTP handlers
+    async def h_health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.ready else 503)
+
+    async def h_health_generate(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            return web.Response(status=503)
+        async for _ in self.generate([1], 1, bench=False):
+            pass
+        return web.Response(status=200)
+
+    def _input_ids(self, body: dict) -> list[int]:
+        ids = body.get("input_ids")
+        if ids is None:
+            ids = text_to_ids(str(body.get("text", "")), self.vocab)
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
+            ids = ids[0]
+        return [int(i) for i in ids]
+
+    async def _json_body(self, request: web.Request) -> dict:
+        try:
+            body = await request.json()
+        except Exception:
+            raise web.HTTPBadRequest(text=json.dumps({"error": "invalid JSON body"}), content_type="application/json")
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text=json.dumps({"error": "JSON object expected"}), content_type="application/json")
+        return body
+
+    async def h_generate(self, request: web.Request) -> web.StreamResponse:
+        if not self.ready:
+            return web.json_response({"error": "server not ready"}, status=503)
+        body = await self._json_body(request)
+        sp = body.get("sampling_params") or {}
+        max_new = int(sp.get("max_new_tokens", 128))
+        ids = self._input_ids(body)
+        rid = body.get("rid") or f"{self.req_counter + 1:032x}"
+        t0 = time.monotonic()
+        out_ids: list[int] = []
+
+        def chunk(verify_ct: int, done: bool) -> dict:
+            return {"text": ids_to_text(out_ids), "output_ids": list(out_ids),
+                    "meta_info": {"id": rid, "prompt_tokens": len(ids), "completion_tokens": len(out_ids),
+                                  "cached_tokens": 0, "spec_verify_ct": verify_ct if self.launch.speculative
+                                  else len(out_ids),
+                                  "finish_reason": {"type": "length", "length": len(out_ids)} if done else None,
+                                  "e2e_latency": time.monotonic() - t0}}
+
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            async for new, vct, done in self.generate(ids, max_new, bench=True):
+                out_ids.extend(new)
+                await resp.write(f"data: {json.dumps(chunk(vct, done))}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        vct = 0
+        done = False
+        async for new, vct, done in self.generate(ids, max_new, bench=True):
+            out_ids.extend(new)
+        return web.json_response(chunk(vct, done))
+
+    async def h_completions(self, request: web.Request) -> web.StreamResponse:
+        if not self.ready:
+            return web.json_response({"error": "server not ready"}, status=503)
+        body = await self._json_body(request)
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            ids = [int(i) for i in prompt]
+        else:
+            ids = text_to_ids(prompt if isinstance(prompt, str) else " ".join(map(str, prompt)), self.vocab)
+        max_new = int(body.get("max_tokens", 16))
+        model = body.get("model") or self.launch.args.get("served_model_name") or self.launch.model_path
+        cid = f"cmpl-{self.req_counter + 1:024x}"
+        created = int(time.time())
+        n_out = 0
+
+        def usage() -> dict:
+            return {"prompt_tokens": len(ids), "completion_tokens": n_out, "total_tokens": len(ids) + n_out}
+
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            async for new, _vct, done in self.generate(ids, max_new, bench=True):
+                n_out += len(new)
+                c = {"id": cid, "object": "text_completion", "created": created, "model": model,
+                     "choices": [{"index": 0, "text": ids_to_text(new), "logprobs": None,
+                                  "finish_reason": "length" if done else None}]}
+                if done:
+                    c["usage"] = usage()
+                await resp.write(f"data: {json.dumps(c)}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        toks: list[int] = []
+        async for new, _vct, _done in self.generate(ids, max_new, bench=True):
+            toks.extend(new)
+            n_out = len(toks)
+        return web.json_response({"id": cid, "object": "text_completion", "created": created, "model": model,
+                                  "choices": [{"index": 0, "text": ids_to_text(toks), "logprobs": None,
+                                               "finish_reason": "length"}], "usage": usage()})
+
+    async def h_server_info(self, request: web.Request) -> web.Response:
+        args = {k: v for k, v in self.launch.args.items()}
+        args["speculative_num_steps"] = self.pred.spec.get("num_steps", args.get("speculative_num_steps"))
+        args["speculative_eagle_topk"] = self.pred.spec.get("eagle_topk", args.get("speculative_eagle_topk"))
+        args["speculative_num_draft_tokens"] = self.pred.spec.get("num_draft_tokens",
+                                                                  args.get("speculative_num_draft_tokens"))
+        info: dict[str, Any] = dict(args)
+        info["internal_states"] = [{"avg_spec_accept_length": float(self.last_tau),
+                                    "last_gen_throughput": float(self.last_rate)}]
+        info["version"] = str(self.profile["emulator"]["sglang_version"])
+        info["emulator"] = {"fingerprint": self.profile["emulator"]["fingerprint"],
+                            "allreduce_path": self.pred.allreduce_path,
+                            "max_total_num_tokens": self.pred.memory_gib.get("kv_tokens")}
+        return web.json_response(info)
+
+    async def h_model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.launch.model_path,
+                                  "tokenizer_path": self.launch.args.get("tokenizer_path") or self.launch.model_path,
+                                  "is_generation": True, "preferred_sampling_params": None,
+                                  "weight_version": "default", "has_image_understanding": False,
+                                  "has_audio_understanding": False, "model_type": "kimi_k25",
+                                  "architectures": [self.profile["model"]["emulator"].get("architecture")]})
+
+    async def h_models(self, request: web.Request) -> web.Response:
+        name = self.launch.args.get("served_model_name") or self.launch.model_path
+        return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "sglang"}]})
+
+    async def h_flush(self, request: web.Request) -> web.Response:
+        return web.Response(text="Cache flushed.\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: parse flags, load profile, run the emulated server until signalled."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        profile = profile_from_env()
+    except ValueError as e:
+        sys.stderr.write(f"servesweep emulator: bad profile: {e}\n")
+        sys.exit(3)
+    try:
+        launch = parse_launch(argv, dict(os.environ), sglang_version=str(profile["emulator"]["sglang_version"]))
+    except LaunchArgError as e:
+        sys.stderr.write(e.text)
+        sys.stderr.flush()
+        sys.exit(2)
+    pred = evaluate(profile, launch)
+    server = EmulatedServer(profile, launch, pred)
+    asyncio.run(server.run())
+
+
+if __name__ == "__main__":
+    main()
