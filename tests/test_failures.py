@@ -1,0 +1,385 @@
+"""Tests for tasks.failures: the shared failure cases, variants, exit-code semantics, fuzz, CLI."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tasks.failures import (
+    KIND,
+    PRECEDENCE,
+    SIGNATURES,
+    Classification,
+    classify,
+    detect_perf_findings,
+    detect_perf_tags,
+    harness_classification,
+    normalize_line,
+    spec_no_speedup,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("SERVESWEEP_SHARED_DIR", REPO.parent / "shared")).resolve()
+DATA = SHARED / "data"
+FAILURES = DATA / "failures"
+
+needs_shared = pytest.mark.skipif(not (FAILURES / "cases.yaml").is_file(),
+                                  reason=f"shared failure cases not found under {SHARED} (set SERVESWEEP_SHARED_DIR)")
+
+
+def _cases() -> list[dict]:
+    if not (FAILURES / "cases.yaml").is_file():
+        return []
+    return yaml.safe_load((FAILURES / "cases.yaml").read_text())["cases"]
+
+
+CASES = _cases()
+CASE_IDS = [c["id"] for c in CASES]
+
+
+def _log(case: dict) -> str:
+    return (FAILURES / case["log"]).read_text()
+
+
+# ------------------------------------------------------------------ the shared cases
+@needs_shared
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_case_classifies_to_expected(case):
+    c = classify(_log(case), case["exit_code"])
+    assert isinstance(c, Classification)
+    assert c.failure_class == case["expected_class"], (case["id"], c)
+    assert c.kind == KIND[case["expected_class"]]
+    assert c.line and c.line in _log(case)  # the decisive line is a real line of the log
+    assert c.signature == normalize_line(c.line)
+
+
+@needs_shared
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_case_with_its_phase(case):
+    """The harness also passes the phase; a specific signature still wins over phase rules."""
+    text = _log(case)
+    phase = "bench" if "fired up and ready to roll" in text else "startup"
+    if case["exit_code"] == 0:
+        phase = None  # healthy server: perf classification, no lifecycle phase failed
+    assert classify(text, case["exit_code"], phase).failure_class == case["expected_class"]
+
+
+@needs_shared
+def test_kind_table_complete_vs_canonical_classes():
+    text = (DATA / "failure_classes.md").read_text()
+    canonical: dict[str, str] = {}
+    for m in re.finditer(r"^\|\s*([a-z0-9_]+)\b[^|]*\|\s*(deterministic|transient|infra|perf)\s*\|", text, re.M):
+        canonical[m.group(1)] = m.group(2)
+    assert len(canonical) >= 30
+    assert KIND == canonical
+
+
+def test_every_class_is_in_the_table_and_vice_versa():
+    assert set(PRECEDENCE) == set(KIND)
+    assert all(s.failure_class in KIND for s in SIGNATURES)
+    # rows of one class are contiguous, so class precedence is well defined
+    seen: list[str] = []
+    for s in SIGNATURES:
+        if not seen or seen[-1] != s.failure_class:
+            assert s.failure_class not in seen, f"{s.failure_class} rows are not contiguous"
+            seen.append(s.failure_class)
+    assert PRECEDENCE[-1] == "unknown"
+
+
+@needs_shared
+def test_precedence_follows_taxonomy_order():
+    text = (DATA / "failure_taxonomy.md").read_text()
+    block = text.split("Suggested match precedence", 1)[1].split("Rationale", 1)[0]
+    order = re.findall(r"`([a-z0-9_]+)`", block)
+    assert len(order) > 15
+    pos = [PRECEDENCE.index(c) for c in order]
+    assert pos == sorted(pos), order
+
+
+# ------------------------------------------------------------------ variants
+def _perturb(text: str, rng: random.Random) -> str:
+    """Same failure, other run: timestamps, ranks, pids, line numbers, sizes, paths, hosts."""
+    def ts(_m):
+        return f"2027-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}"
+
+    subs = [
+        (r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}", ts),
+        (r"(?<![A-Za-z])TP\d+", lambda m: f"TP{rng.randint(0, 15)}"),
+        (r"EP\d+", lambda m: f"EP{rng.randint(0, 15)}"),
+        (r"pid=\d+", lambda m: f"pid={rng.randint(2, 99999)}"),
+        (r"line \d+", lambda m: f"line {rng.randint(1, 3000)}"),
+        (r"\brank(\d+)\]", lambda m: f"rank{rng.randint(0, 15)}]"),
+        (r"Rank \d+", lambda m: f"Rank {rng.randint(0, 15)}"),
+        (r"\d+\.\d+ (GB|GiB|MiB)", lambda m: f"{rng.uniform(0.1, 900):.2f} {m.group(1)}"),
+        (r"#tokens: \d+", lambda m: f"#tokens: {rng.randint(1000, 900000)}"),
+        (r"<VENV>", lambda m: rng.choice(["/usr/local/lib/python3.12/dist-packages",
+                                          "/home/u/.venv/lib/python3.11/site-packages"])),
+        (r"<HOST>", lambda m: rng.choice(["gpu-node-07", "a100x8.example.org", "worker3"])),
+        (r"<MODEL>", lambda m: rng.choice(["/models/kimi-k2.5", "/mnt/ckpt/qwen3-235b"])),
+        (r"<PORT>", lambda m: str(rng.randint(20000, 40000))),
+    ]
+    for pat, fn in subs:
+        text = re.sub(pat, fn, text)
+    return text
+
+
+@needs_shared
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_variant_same_class_and_signature(case):
+    text = _log(case)
+    base = classify(text, case["exit_code"])
+    for seed in range(3):
+        v = _perturb(text, random.Random(seed))
+        assert v != text or "<" not in text
+        c = classify(v, case["exit_code"])
+        assert c.failure_class == case["expected_class"], (seed, c)
+        assert c.signature == base.signature, (seed, c.line)
+
+
+@needs_shared
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_truncated_logs_still_classify(case):
+    text = _log(case)
+    lines = text.splitlines()
+    base = classify(text, case["exit_code"])
+    i = lines.index(base.line)
+    # a log tail: everything older than a few lines before the decisive one is gone
+    head_cut = "\n".join(lines[max(0, i - 3):])
+    assert classify(head_cut, case["exit_code"]).failure_class == case["expected_class"]
+    # the log captured up to the decisive line (launcher's sigquit/self-kill lines lost)
+    tail_cut = "\n".join(lines[: i + 1])
+    assert classify(tail_cut, case["exit_code"]).failure_class == case["expected_class"]
+    # a byte-level tail that starts mid-line
+    start = max(0, text.index(base.line) - 150)
+    assert classify(text[start:], case["exit_code"]).failure_class == case["expected_class"]
+
+
+# ------------------------------------------------------------------ normalization
+def test_signature_groups_logs_differing_only_in_numbers():
+    a = ("[2026-02-01 10:00:00 TP3] Scheduler hit an exception: Traceback (most recent call last):\n"
+         '  File "/opt/venv/lib/python3.11/site-packages/sglang/srt/foo.py", line 41, in bar\n'
+         "RuntimeError: widget 0x7f3a2b exploded after 1234 steps on cuda:3 (10.0.0.12:29500)\n")
+    b = ("[2027-11-30 23:59:59 TP6] Scheduler hit an exception: Traceback (most recent call last):\n"
+         '  File "/usr/lib/python3.12/dist-packages/sglang/srt/foo.py", line 977, in bar\n'
+         "RuntimeError: widget 0xdeadbeef exploded after 7 steps on cuda:5 (192.168.4.2:30001)\n")
+    ca, cb = classify(a, -9, "bench"), classify(b, -9, "bench")
+    assert ca.failure_class == cb.failure_class == "server_crash"
+    assert ca.signature == cb.signature
+    assert "exploded" in ca.signature and "1234" not in ca.signature and "10.0.0.12" not in ca.signature
+    other = classify(a.replace("exploded", "imploded"), -9, "bench")
+    assert other.signature != ca.signature
+
+
+def test_unknown_failures_group_by_normalized_line():
+    a = classify("starting\nFooError: flux capacitor at 88 mph on node-3:4000\n", 1, "startup")
+    b = classify("starting\nFooError: flux capacitor at 121 mph on node-9:4100\n", 1, "startup")
+    assert a.failure_class == b.failure_class == "unknown"
+    assert a.kind == "transient"
+    assert a.signature == b.signature == "FooError: flux capacitor at <N> mph on <HOST>:<PORT>"
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("[2026-01-01 10:00:01 TP3] x", "[<TS> TP<R>] x"),
+    ("(Worker_TP1_EP1 pid=120) ERROR y", "(Worker_TP<R>_EP<R> pid=<N>) ERROR y"),
+    ("open /dev/shm/nccl-AbCd12 failed", "open <PATH> failed"),
+    ("comm 0x55d0 rank 0", "comm <HEX> rank <R>"),
+    ("connect 10.1.2.3:29500 refused", "connect <IP> refused"),
+    ("enqueue.cc:1390 NCCL WARN", "enqueue.cc:<N> NCCL WARN"),
+    ("sglang 0.5.23 on sm_120", "sglang <V> on sm_120"),
+    ("capability: 120.", "capability: <N>."),
+])
+def test_normalize_line(raw, expected):
+    assert normalize_line(raw) == expected
+
+
+# ------------------------------------------------------------------ exit-code and phase semantics
+TB = "Traceback (most recent call last):\n"
+SIGQUIT = "[2026-01-01 00:00:09] Received sigquit from a child process. It usually means the child failed.\n"
+READY = "[2026-01-01 00:00:05] The server is fired up and ready to roll!\n"
+
+
+@pytest.mark.parametrize("log, exit_code, phase, expected", [
+    # exit 2 + usage, error line lost -> argparse rejected the CLI
+    ("usage: launch_server.py [-h] --model-path MODEL_PATH\n", 2, "startup", "cli_arg_error"),
+    ("usage: launch_server.py [-h]\nlaunch_server.py: error: argument --tp-size: invalid int value: 'x'\n",
+     2, "startup", "cli_arg_error"),
+    # -9 without sigquit/traceback: host OOM only with the OOM-killer evidence
+    ("Load weight begin\n[dmesg] Out of memory: Killed process 4242 (python3) total-vm:9000kB\n",
+     -9, "startup", "host_oom_killed"),
+    ("Load weight begin\nKilled\n", -9, "startup", "startup_timeout"),
+    ("Load weight begin\nKilled\n", -9, None, "unknown"),
+    # sglang#5095: shell "Killed" after SGLang's self-kill; the real cause is above
+    (TB + "  File \"/x/sglang/srt/model_loader/loader.py\", line 5, in load_weights\n"
+     "KeyError: 'model.layers.55.mlp.gate_up_proj.input_scale'\n" + SIGQUIT + "Killed\n", 137, None,
+     "model_weights_error"),
+    # startup deadline with the process still running
+    ("[x TP0] Load weight begin. avail mem=94.10 GB\n", None, "startup", "startup_timeout"),
+    ("[x TP0] Init torch distributed begin.\n", None, "startup", "collective_hang_or_timeout"),
+    ("[x TP0] Init torch distributed begin.\n", None, None, "collective_hang_or_timeout"),
+    # after healthy
+    (READY + "[x TP0] Decode batch. #running-req: 1\n" + TB + "RuntimeError: boom\n" + SIGQUIT, -9, "bench",
+     "server_crash"),
+    (READY + TB + "RuntimeError: CUDA error: an illegal memory access was encountered\n" + SIGQUIT, -9, "bench",
+     "cuda_illegal_memory_access"),
+    (READY + "[x TP0] Decode batch. #running-req: 1\n", None, "bench", "bench_stall"),
+    (READY + "[x TP0] Decode batch. #running-req: 1\n", None, None, "bench_stall"),
+    (READY, 0, "bench", "early_exit"),
+    (READY, None, "teardown", "teardown_timeout"),
+    # OOM: capture stage vs runtime
+    ("Capture cuda graph begin. avail mem=2 GB\n" + TB + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n",
+     -9, "startup", "cuda_oom_graph_capture"),
+    (READY + TB + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n", -9, "bench", "cuda_oom_runtime"),
+    ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n", -9, "startup",
+     "kv_cache_pool_too_small"),
+    # [9, 10] arch list with fusion explicitly disabled is another module -> unsupported arch kernel
+    ("server_args=ServerArgs(enforce_disable_flashinfer_allreduce_fusion=True)\n"
+     "Exception: Capture cuda graph failed: No supported CUDA architectures found for major versions [9, 10].\n",
+     -9, "startup", "unsupported_arch_kernel"),
+    ("Exception: Capture cuda graph failed: No supported CUDA architectures found for major versions [10].\n",
+     -9, "startup", "unsupported_arch_kernel"),
+    ("Exception: Capture cuda graph failed: Triton Error [CUDA]: misaligned address\nPossible solutions:\n",
+     -9, "startup", "cuda_graph_capture_failed_other"),
+    # NCCL invalid usage is the algo/proto class only when an algorithm or protocol is pinned
+    ("env: NCCL_PROTO=LL128\nRuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)\n",
+     -9, "startup", "nccl_env_algo_proto_invalid"),
+    ("Exception: Capture cuda graph failed: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)\n",
+     -9, "startup", "nccl_graph_capture_error"),
+    ("OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): address already in use\n",
+     1, "startup", "port_in_use"),
+    ("Health check failed. Server couldn't get a response from detokenizer for last 20 seconds.\n", None, "bench",
+     "health_check_failed"),
+    # vLLM-style warnings that are perf information, not the failure
+    ("WARNING SymmMemCommunicator: Device capability 12.0 not supported, communicator is not available.\n"
+     "Loading safetensors checkpoint shards:   3% Completed | 3/94\n", None, "startup", "startup_timeout"),
+    ("", None, None, "startup_timeout"),
+    ("", 1, None, "unknown"),
+])
+def test_exit_code_and_phase_semantics(log, exit_code, phase, expected):
+    c = classify(log, exit_code, phase)
+    assert c.failure_class == expected, c
+    assert c.kind == KIND[expected]
+
+
+def test_healthy_server_with_degraded_path_is_perf():
+    log = "Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs.\n" + READY
+    c = classify(log, 0)
+    assert (c.failure_class, c.kind) == ("allreduce_path_degraded", "perf")
+    # the same warning in a failed startup is not the failure
+    assert classify(log.replace(READY, ""), -9, "startup").failure_class == "startup_timeout"
+
+
+def test_harness_classification():
+    c = harness_classification("gpu_busy", "GPU 3 holds 1234 MiB before launch")
+    assert (c.failure_class, c.kind) == ("gpu_busy", "infra")
+    assert c.signature == "GPU <N> holds <N> MiB before launch"
+    with pytest.raises(KeyError):
+        harness_classification("not_a_class")
+
+
+# ------------------------------------------------------------------ perf helpers
+@needs_shared
+def test_detect_perf_tags_on_shared_logs():
+    by_id = {c["id"]: c for c in CASES}
+    assert "spec_decode_no_speedup" in detect_perf_tags(_log(by_id["B16"]))
+    assert detect_perf_tags(_log(by_id["B18"])) == ["spec_decode_no_speedup"]
+    b12 = detect_perf_findings(_log(by_id["B12"]))
+    assert {f.path for f in b12} == {"custom_allreduce", "torch_symm_mem"}
+    assert detect_perf_tags(_log(by_id["B12"])) == ["allreduce_path_degraded"]
+    # only the paths the trial expected to run count when expected_paths is given
+    assert detect_perf_tags(_log(by_id["B12"]), {"custom_allreduce": False}) == []
+    assert detect_perf_tags(_log(by_id["B12"]), {"custom_allreduce": True}) == ["allreduce_path_degraded"]
+
+
+def test_detect_perf_tags_faster_spec_is_not_a_finding():
+    log = ("[bench] baseline (no spec) Output token throughput (tok/s): 61.0\n"
+           "[bench] this trial Output token throughput (tok/s): 88.0\n")
+    assert detect_perf_tags(log) == []
+    assert detect_perf_tags(log.replace("88.0", "60.9")) == ["spec_decode_no_speedup"]
+    assert detect_perf_tags("FlashInfer allreduce fusion is disabled on this GPU\n") == ["allreduce_path_degraded"]
+    # our own rendered flags are not a finding
+    assert detect_perf_tags("$ python -m sglang.launch_server --enforce-disable-flashinfer-allreduce-fusion "
+                            "--cuda-graph-backend-decode=disabled\n") == []
+
+
+@pytest.mark.parametrize("t, b, expected", [(59.0, 61.0, True), (61.0, 61.0, True), (54.1, 82.0, True),
+                                            (90.0, 82.0, False), (0.0, 1.0, True)])
+def test_spec_no_speedup(t, b, expected):
+    assert spec_no_speedup(t, b) is expected
+
+
+def test_spec_no_speedup_threshold_and_errors():
+    assert spec_no_speedup(83.0, 82.0, min_speedup=1.05) is True
+    for bad in [(1.0, 0.0), (float("nan"), 1.0), (1.0, float("inf")), (-1.0, 2.0), ("1", 2.0)]:
+        with pytest.raises(ValueError):
+            spec_no_speedup(*bad)
+
+
+# ------------------------------------------------------------------ fuzz
+_PHASES = st.sampled_from([None, "preflight", "startup", "warmup", "bench", "teardown"])
+_EXITS = st.one_of(st.none(), st.integers(min_value=-64, max_value=300))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.text(max_size=2000), exit_code=_EXITS, phase=_PHASES)
+def test_fuzz_random_text_never_raises(text, exit_code, phase):
+    c = classify(text, exit_code, phase)
+    assert c.failure_class in KIND and c.kind == KIND[c.failure_class]
+    assert not c.signature.startswith("<classifier error")
+    assert len(c.signature) <= 300
+
+
+_ALL_LOGS = [p.read_text() for p in sorted((FAILURES / "logs").glob("*.log"))] if FAILURES.is_dir() else ["x"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(idx=st.integers(min_value=0, max_value=max(0, len(_ALL_LOGS) - 1)), a=st.floats(0, 1), b=st.floats(0, 1),
+       junk=st.text(max_size=50), exit_code=_EXITS, phase=_PHASES)
+def test_fuzz_truncated_real_logs_never_raise(idx, a, b, junk, exit_code, phase):
+    text = _ALL_LOGS[idx]
+    lo, hi = sorted((int(a * len(text)), int(b * len(text))))
+    c = classify(junk + text[lo:hi] + junk, exit_code, phase)
+    assert c.failure_class in KIND
+    assert not c.signature.startswith("<classifier error")
+
+
+def test_huge_single_line_is_fast():
+    import time
+
+    t0 = time.perf_counter()
+    c = classify("a" * 2_000_000 + "\nKeyError: 12\n" + "(" * 100_000, -9, "startup")
+    assert c.failure_class in KIND
+    assert time.perf_counter() - t0 < 5.0
+
+
+# ------------------------------------------------------------------ CLI
+@needs_shared
+def test_cli_prints_path_class_kind_signature():
+    logs = [str(FAILURES / "logs" / n) for n in ("B01.log", "B22.log")]
+    r = subprocess.run([sys.executable, "-m", "tasks.failures", "--exit-code", "-9", *logs],
+                       cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("\t") for line in r.stdout.splitlines()]
+    assert [row[0] for row in rows] == logs
+    assert [row[1] for row in rows] == ["flashinfer_allreduce_fusion_unsupported_arch", "cli_arg_error"]
+    assert [row[2] for row in rows] == ["deterministic", "deterministic"]
+    assert all(len(row) == 4 and row[3] for row in rows)
+
+
+def test_cli_exit_code_flag_and_missing_file(tmp_path):
+    log = tmp_path / "s.log"
+    log.write_text("[x TP0] Init torch distributed begin.\n")
+    r = subprocess.run([sys.executable, "-m", "tasks.failures", "--exit-code", "none", "--phase", "startup",
+                        str(log), str(tmp_path / "missing.log")],
+                       cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2
+    assert r.stdout.split("\t")[1] == "collective_hang_or_timeout"
+    assert "missing.log" in r.stderr
