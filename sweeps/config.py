@@ -286,7 +286,7 @@ def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
         for k in spec.sweep.seed_each_level_of:
             if k not in space.names:
                 problems.append(f"sweep.seed_each_level_of: {k!r} is not a param of the space")
-        if not problems and not _any_feasible(space):
+        if not unknown and not _any_feasible(space):
             problems.append(
                 "sweep.constraints: no config in the space satisfies every constraint; relax a constraint or widen a range"
             )

@@ -153,7 +153,11 @@ class SearchSpace:
                 raise SpaceError(f"params.{p.name}: missing (active under {dict(p.when or {})})")
             v = params[p.name]
             d = to_distribution(p)
-            if not d._contains(d.to_internal_repr(v)):
+            try:
+                ok = d._contains(d.to_internal_repr(v))
+            except (ValueError, TypeError):
+                ok = False
+            if not ok:
                 raise SpaceError(f"params.{p.name}={v!r} is outside its distribution {d}")
             out[p.name] = v
         return out

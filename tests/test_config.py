@@ -1,0 +1,62 @@
+"""Config composition and validation: every shipped group validates; bad input names the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sweeps.config import ConfigError, load_spec
+from tests.conftest import CONF, compose_cfg
+
+SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml") if p.stem != "recheck")
+BACKENDS = sorted(p.stem for p in (CONF / "backend").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_shipped_config_validates(sweep, backend):
+    spec = load_spec(compose_cfg([f"sweep={sweep}", f"backend={backend}"]))
+    assert spec.sweep.name == sweep
+    assert spec.gpus_per_trial == spec.node.gpus
+    assert spec.mlflow_uri.startswith("sqlite:////")  # absolute path
+    assert Path(spec.artifact_location.removeprefix("file://")).is_absolute()
+
+
+def test_store_paths_do_not_depend_on_cwd(tmp_path, monkeypatch):
+    a = load_spec(compose_cfg())
+    monkeypatch.chdir(tmp_path)
+    b = load_spec(compose_cfg())
+    assert a.mlflow_uri == b.mlflow_uri and a.optuna_storage == b.optuna_storage
+
+
+def _err(overrides):
+    with pytest.raises(ConfigError) as e:
+        load_spec(compose_cfg(overrides))
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["+sweep.params.not_a_knob={type:categorical,choices:[a]}"], "sweep.params.not_a_knob: unknown knob"),
+        (["sweep.params.allreduce.choices=[]"], "params.allreduce.choices is empty"),
+        (["bench.repeats=zero"], "bench.repeats"),
+        (["bench.output_len=1"], "bench.output_len"),
+        (["node.gpus=-1"], "node.gpus"),
+        (["sweep.params.eagle_num_steps.low=9"], "params.eagle_num_steps: low=9 > high=5"),
+        (["sweep.baseline.allreduce=ring"], "sweep.baseline"),
+        (["+sweep.budget.trails=3"], "sweep.budget.trails"),
+        (["backend.tp_size=16"], "backend.tp_size=16 exceeds node.gpus=8"),
+        (["sweep.constraints=[{name: never, expr: 'cuda_graph_max_bs > 100000'}]"], "no config in the space satisfies"),
+    ],
+)
+def test_bad_config_names_the_field(overrides, needle):
+    assert needle in _err(overrides)
+
+
+def test_unknown_group_option_is_a_hydra_error():
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException):
+        compose_cfg(["sweep=does_not_exist"])
