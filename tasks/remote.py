@@ -13,16 +13,6 @@ from typing import Any
 import ray
 
 
-def _node_fingerprint(kind: str, profile: dict[str, Any] | None) -> dict[str, str]:
-    if kind in ("emulated", "instant") and profile is not None:
-        from tasks.emulator.profile import emulated_fingerprint
-
-        return emulated_fingerprint(profile)
-    from tasks.fingerprint import collect_fingerprint
-
-    return collect_fingerprint(None)
-
-
 def _options(spec: Any, num_gpus: float) -> dict[str, Any]:
     opts: dict[str, Any] = dict(num_gpus=num_gpus, num_cpus=0, max_calls=0, max_retries=0)
     res = dict(spec.ray.resources)
@@ -42,4 +32,6 @@ def trial_task(spec: Any) -> Any:
 
 def fingerprint_task(spec: Any) -> Any:
     """A GPU-less task that reports the node's environment fingerprint."""
-    return ray.remote(_node_fingerprint).options(**_options(spec, 0))
+    from tasks.trial import node_fingerprint
+
+    return ray.remote(node_fingerprint).options(**_options(spec, 0))

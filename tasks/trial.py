@@ -62,14 +62,24 @@ def _gpu_indices() -> list[int]:
     return [int(x) for x in vis.split(",") if x.strip().isdigit()]
 
 
-def _fingerprint(spec: TrialSpec, profile: dict[str, Any] | None) -> dict[str, str]:
-    if spec.backend in ("emulated", "instant") and profile is not None:
-        from tasks.emulator.profile import emulated_fingerprint
+def emulated_fingerprint(profile: dict[str, Any]) -> dict[str, str]:
+    """The emulated node's environment fingerprint (``profile["emulator"]["fingerprint"]``,
+    GPU arch, driver, CUDA, NCCL, torch, SGLang, FlashInfer) as strings."""
+    fp = (profile.get("emulator") or {}).get("fingerprint") or {}
+    return {str(k): str(v) for k, v in sorted(fp.items())}
 
+
+def node_fingerprint(backend: str, profile: dict[str, Any] | None, gpu_indices: list[int] | None = None) -> dict[str, str]:
+    """Fingerprint of this node: the emulator's declared stack, or the real one (NVML, packages)."""
+    if backend in ("emulated", "instant") and profile is not None:
         return emulated_fingerprint(profile)
     from tasks.fingerprint import collect_fingerprint
 
-    return collect_fingerprint(_gpu_indices())
+    return collect_fingerprint(gpu_indices)
+
+
+def _fingerprint(spec: TrialSpec, profile: dict[str, Any] | None) -> dict[str, str]:
+    return node_fingerprint(spec.backend, profile, _gpu_indices())
 
 
 def _failure(res: TrialResult, log: str, exit_code: int | None, phase: str, harness_class: str | None) -> TrialResult:
