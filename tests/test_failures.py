@@ -383,3 +383,13 @@ def test_cli_exit_code_flag_and_missing_file(tmp_path):
     assert r.returncode == 2
     assert r.stdout.split("\t")[1] == "collective_hang_or_timeout"
     assert "missing.log" in r.stderr
+
+
+@needs_shared
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_redacted_log_classifies_the_same(case):
+    """Logs are redacted before they leave the node; redaction must not hide a signature."""
+    from tasks.redact import redact_text
+
+    text = _log(case)
+    assert classify(redact_text(text), case["exit_code"]) == classify(text, case["exit_code"])
