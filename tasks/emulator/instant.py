@@ -1,0 +1,116 @@
+"""Instant mode: what a trial on the emulated node would return, without a server or sleeps.
+
+``simulate(profile, argv, env, bench, seed)`` evaluates the same model the server paces
+tokens with (``tasks.emulator.model``), applies the same seeded run-to-run noise, and
+replays the same acceptance draws (golden-ratio low-discrepancy sequence over the
+per-position acceptance model) to get ITL percentiles.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import zlib
+from typing import Any, Iterable
+
+from tasks.emulator.flags import LaunchArgError
+from tasks.emulator.model import accepted_from_uniform, evaluate, evaluate_argv, parse_launch, run_factor
+from tasks.types import BenchSpec
+
+GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _token_itls(probs: list[float], interval_ms: float, output_len: int, spec: bool, seed: int) -> list[float]:
+    """Per-token ITL (ms) as sglang.bench_serving counts it: a chunk of n tokens after a gap g
+    contributes n values g/n."""
+    if not spec:
+        return [interval_ms] * max(output_len - 1, 0)
+    u0 = random.Random(seed).random()
+    out: list[float] = []
+    pos, k = 1, 0
+    while pos < output_len:
+        k += 1
+        n = min(accepted_from_uniform(probs, (u0 + k * GOLDEN) % 1.0), output_len - pos)
+        out += [interval_ms / n] * n
+        pos += n
+    return out
+
+
+def simulate(profile: dict, argv: list[str], env: dict, bench: BenchSpec, seed: int) -> dict[str, Any]:
+    """One trial's outcome in microseconds of CPU.
+
+    Args:
+        profile: from ``build_profile`` (its ``emulator.seed`` is replaced by ``seed``).
+        argv: SGLang launch argv (a leading ``python -m sglang.launch_server`` is ignored).
+        env: server environment (NCCL_ALGO, NCCL_PROTO).
+        bench: the benchmark (input/output lengths, warmup, repeats, concurrency).
+        seed: run seed (noise and acceptance draws).
+
+    Returns:
+        ``{"status": "ok"|"failed", "metrics": {decode_tok_s, output_tok_s, ttft_ms_p50,
+        itl_ms_p50, itl_ms_p99, accept_length}, "failure_class", "failure_signature",
+        "exit_code", "phase", "log" (text), "startup_s", "bench_s", "gpu_s", "perf_tags",
+        "allreduce_path", "prediction" (dict)}``; times in s at time_scale 1, gpu_s =
+        GPUs held (tp × dp) × (startup + bench + teardown).
+    """
+    prof = copy.deepcopy(profile)
+    prof["emulator"]["seed"] = int(seed)
+    kw = dict(batch=max(1, int(bench.concurrency)), input_len=int(bench.input_len), output_len=int(bench.output_len))
+    pred = evaluate_argv(prof, argv, env, **kw)
+    teardown = float(prof["node"]["emulator"]["startup"]["teardown_s"])
+    try:
+        launch = parse_launch(argv, env, sglang_version=str(prof["emulator"]["sglang_version"]))
+        gpus = max(1, launch.tp) * max(1, launch.dp)
+    except LaunchArgError:
+        launch, gpus = None, int(prof["node"].get("gpus", 8))
+    log = "\n".join(pred.log_lines)
+    base = {"log": log, "perf_tags": list(pred.perf_tags), "allreduce_path": pred.allreduce_path,
+            "prediction": pred.to_dict()}
+    if pred.outcome != "ok":
+        f = pred.failure
+        startup = f.time_to_failure_s
+        return {**base, "status": "failed", "metrics": {}, "failure_class": f.failure_class,
+                "failure_signature": f.signature, "exit_code": f.exit_code, "phase": f.phase,
+                "startup_s": startup, "bench_s": 0.0, "gpu_s": gpus * (startup + teardown)}
+    factor = run_factor(prof, launch)
+    decode = pred.decode_tok_s * factor
+    ttft_ms = pred.ttft_ms / factor
+    interval = (pred.t_cycle_ms if launch.speculative else pred.itl_ms) / factor
+    itls = _token_itls(pred.spec.get("position_probs", []), interval, bench.output_len, launch.speculative,
+                       zlib.crc32(f"{seed}|itl".encode()))
+    gen_ms = sum(itls)
+    decode_meas = (len(itls) / gen_ms * 1000.0) if gen_ms > 0 else decode
+    e2e_s = (ttft_ms + gen_ms) / 1000.0
+    warm_s = bench.warmup_requests * (ttft_ms + max(bench.warmup_output_len - 1, 0) * 1000.0 / decode) / 1000.0
+    bench_s = warm_s + bench.repeats * e2e_s
+    startup = pred.startup_s["total"]
+    metrics = {"decode_tok_s": decode_meas, "output_tok_s": bench.output_len * bench.concurrency / e2e_s,
+               "ttft_ms_p50": ttft_ms, "itl_ms_p50": _pct(itls, 0.5), "itl_ms_p99": _pct(itls, 0.99),
+               "accept_length": pred.accept_length, "e2e_s_p50": e2e_s}
+    return {**base, "status": "ok", "metrics": metrics, "failure_class": None, "failure_signature": None,
+            "exit_code": None, "phase": None, "startup_s": startup, "bench_s": bench_s,
+            "gpu_s": gpus * (startup + bench_s + teardown)}
+
+
+def estimate_gpu_hours(profile: dict, trials: Iterable[tuple[list[str], dict]], bench: BenchSpec,
+                       seed: int = 0) -> float:
+    """GPU-hours a list of (argv, env) trials would cost on the emulated node (time_scale 1)."""
+    return sum(simulate(profile, a, e, bench, seed + i)["gpu_s"] for i, (a, e) in enumerate(trials)) / 3600.0
+
+
+def predict(profile: dict, argv: list[str], env: dict | None = None, **kw):
+    """Convenience: the raw ``Prediction`` for argv/env (see ``tasks.emulator.model.evaluate``)."""
+    return evaluate_argv(profile, argv, env or {}, **kw)
+
+
+__all__ = ["simulate", "estimate_gpu_hours", "predict", "evaluate"]
