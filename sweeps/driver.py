@@ -30,8 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import warnings
+
 import optuna
 from optuna.trial import TrialState
+
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 from sweeps import records as R
 from sweeps.config import ConfigError, SweepSpec, backend_dict, load_spec
@@ -89,7 +93,6 @@ def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
         return optuna.samplers.RandomSampler(seed=s.seed)
     return optuna.samplers.TPESampler(
         seed=s.seed, n_startup_trials=s.n_startup_trials, multivariate=True, group=True, constant_liar=True,
-        warn_independent_sampling=False,
     )
 
 
@@ -493,7 +496,7 @@ class Driver:
     def _trial_line(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float]) -> str:
         from sweeps.tracking import run_name
 
-        name = run_name(R.TrialRecord(number=number, state="", params=params, status=res.status))
+        name = run_name(R.TrialRecord(number=number, state="", params=params, status=res.status, perf_tags=res.perf_tags))
         if res.status == "ok":
             sp = metrics.get("speedup_vs_baseline")
             return (f"{name}: {metrics.get('decode_tok_s', float('nan')):.1f} tok/s"

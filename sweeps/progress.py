@@ -7,9 +7,11 @@ from pathlib import Path
 
 import optuna
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sweeps.records import TrialRecord, load_records
+from sweeps.tracking import run_name
 
 
 class Progress:
@@ -23,7 +25,7 @@ class Progress:
         self._last_status = 0.0
 
     def event(self, line: str) -> None:
-        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {line}", markup=True, soft_wrap=True)
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(line)}", markup=True, soft_wrap=True)
 
     def status_line(self, recs: list[TrialRecord], running: int, t_start: float) -> str:
         launched = [r for r in recs if r.launched]
@@ -45,15 +47,15 @@ class Progress:
         now = time.monotonic()
         if now - self._last_status >= every_s:
             self._last_status = now
-            self.console.print(f"[bold]{self.status_line(load_records(study), running, t_start)}[/bold]")
+            self.console.print(f"[bold]{escape(self.status_line(load_records(study), running, t_start))}[/bold]")
 
     def summary(self, recs: list[TrialRecord], best: TrialRecord | None, baseline: float | None,
                 stop_reason: str | None, findings: Path) -> None:
         """The closing table: top configs, failures by class, the best launch command."""
         c = self.console
-        c.rule(f"servesweep: {self.study_name}")
+        c.rule(escape(f"servesweep: {self.study_name}"))
         if stop_reason:
-            c.print(f"stopped: {stop_reason}")
+            c.print(escape(f"stopped: {stop_reason}"))
         ok = sorted((r for r in recs if r.status == "ok" and r.value is not None and r.duplicate_of is None),
                     key=lambda r: -r.value)
         t = Table(title="best configurations (decode tok/s, batch 1)")
@@ -64,7 +66,7 @@ class Progress:
             t.add_row(str(r.number), f"{r.value:.1f}", f"{sp:.2f}x" if sp else "-",
                       f"{r.metrics.get('ttft_ms_p50', float('nan')):.0f}", f"{r.metrics.get('itl_ms_p50', float('nan')):.1f}",
                       f"{r.metrics.get('accept_length', 1.0):.2f}",
-                      " ".join(f"{k}={v}" for k, v in r.params.items()) + (" [baseline]" if r.is_baseline else ""))
+                      escape(run_name(r).split(" ", 1)[-1] + (" [baseline]" if r.is_baseline else "")))
         c.print(t)
         fails: dict[str, int] = {}
         for r in recs:

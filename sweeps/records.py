@@ -133,7 +133,17 @@ def baseline_value(records: list[TrialRecord]) -> float | None:
     return vals[len(vals) // 2]
 
 
+DEGRADED = "allreduce_path_degraded"
+
+
+def counts_for_level(r: TrialRecord) -> bool:
+    """False when the server silently took another path than the config names
+    (``allreduce_path_degraded``): such a trial is never reported as the level it replaced."""
+    return DEGRADED not in r.perf_tags
+
+
 def best_record(records: list[TrialRecord]) -> TrialRecord | None:
-    """The ok, launched trial with the highest objective, or None."""
-    ok = [r for r in records if r.status == "ok" and r.value is not None and r.duplicate_of is None]
+    """The ok, launched trial with the highest objective that ran the path it names, or None."""
+    ok = [r for r in records if r.status == "ok" and r.value is not None and r.duplicate_of is None
+          and counts_for_level(r)]
     return max(ok, key=lambda r: r.value) if ok else None

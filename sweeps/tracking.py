@@ -52,6 +52,8 @@ def run_name(r: TrialRecord) -> str:
     p = r.params
     bits = [f"t{r.number:03d}", str(p.get("speculative", "none"))]
     ar = str(p.get("allreduce", "nccl"))
+    if "allreduce_path_degraded" in r.perf_tags:
+        ar += "->nccl"
     algo = p.get("nccl_algo")
     bits.append(f"{ar}/{algo}" if algo and algo != "default" else ar)
     if p.get("cuda_graph_max_bs") is not None:

@@ -14,7 +14,7 @@ import ray
 
 
 def _options(spec: Any, num_gpus: float) -> dict[str, Any]:
-    opts: dict[str, Any] = dict(num_gpus=num_gpus, num_cpus=0, max_calls=0, max_retries=0)
+    opts: dict[str, Any] = dict(num_gpus=num_gpus, num_cpus=0, max_retries=0)
     res = dict(spec.ray.resources)
     if spec.node.accelerator_type:
         opts["accelerator_type"] = spec.node.accelerator_type
@@ -27,11 +27,11 @@ def trial_task(spec: Any) -> Any:
     """``run_trial`` as a Ray remote function holding ``spec.gpus_per_trial`` GPUs."""
     from tasks.trial import run_trial
 
-    return ray.remote(run_trial).options(**_options(spec, spec.gpus_per_trial))
+    return ray.remote(max_calls=0)(run_trial).options(**_options(spec, spec.gpus_per_trial))
 
 
 def fingerprint_task(spec: Any) -> Any:
     """A GPU-less task that reports the node's environment fingerprint."""
     from tasks.trial import node_fingerprint
 
-    return ray.remote(node_fingerprint).options(**_options(spec, 0))
+    return ray.remote(max_calls=0)(node_fingerprint).options(**_options(spec, 0))

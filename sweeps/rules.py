@@ -1,0 +1,537 @@
+"""Failure rules: what is known to fail on an environment, shared by every sweep on a storage.
+
+A rule says: on this environment fingerprint (GPU arch, driver, CUDA, NCCL, torch, SGLang,
+FlashInfer), for this model (memory classes only), a trial whose *implicated* knob values
+(``conf/failure_knobs.yaml``) equal the rule's fails with this class. A later trial that
+matches is skipped without GPU time. Rules live in one SQL table
+(``servesweep_failure_rules``) in a database given by a SQLAlchemy URL (default: the
+SQLite file ``mlflow/servesweep.db`` at the repo root), shared by all sweeps, not per study.
+
+- Only ``deterministic`` classes become rules on the first failure. A ``transient`` class
+  becomes a rule only with ``learn(..., force=True)`` (the caller retried once and it
+  failed again); such a rule is scoped to that sweep (``scope_sweep``) and only matches
+  when ``match(..., sweep=<that sweep>)``. ``infra`` and ``perf`` never become rules.
+- ``learn`` is idempotent: the same rule again appends the evidence (sweep, trial number).
+- After an upgrade the fingerprint hash changes, so old rules stop applying;
+  :meth:`RuleStore.all_dead_ends` lists them for a recheck sweep.
+
+Concurrency: SQLite gets a busy timeout and ``BEGIN IMMEDIATE`` write transactions (WAL
+journal), so two processes (two sweeps, or a sweep and the CLI) can learn at once without
+losing evidence; other databases use ``SELECT ... FOR UPDATE``.
+
+CLI: ``python -m sweeps.rules [--db URL] list|explain ID|forget ID``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, event, select
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.pool import StaticPool
+
+from tasks.failures import KIND
+
+__all__ = [
+    "DEFAULT_DB_URL",
+    "DEFAULT_KNOBS_PATH",
+    "FINGERPRINT_KEYS",
+    "Rule",
+    "RuleStore",
+    "canonical_json",
+    "fingerprint_hash",
+    "implicated_params",
+    "load_implicated_knobs",
+]
+
+REPO = Path(__file__).resolve().parents[1]
+#: Default store: the SQLite file ``mlflow/servesweep.db`` at the repo root (absolute path).
+DEFAULT_DB_URL = f"sqlite:///{REPO / 'mlflow' / 'servesweep.db'}"
+#: Class -> implicated knobs (see the file's header for the item syntax).
+DEFAULT_KNOBS_PATH = REPO / "conf" / "failure_knobs.yaml"
+#: Fingerprint keys that identify the software/hardware stack (DESIGN.md § Failure knowledge);
+#: other keys (hostname, node id, errors) do not change the hash.
+FINGERPRINT_KEYS = ("gpu_arch", "compute_capability", "gpu_name", "driver", "cuda", "nccl", "torch", "sglang",
+                    "flashinfer")
+#: SQLite busy timeout, s: how long a writer waits for another process's transaction.
+BUSY_TIMEOUT_S = 30.0
+TABLE_NAME = "servesweep_failure_rules"
+_FULL = "*"
+_MODEL = "model"
+_DEFAULTS = ("default", "none", "null", "")
+
+_metadata = MetaData()
+_rules = Table(
+    TABLE_NAME, _metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("rule_key", String(64), nullable=False, unique=True),
+    Column("fingerprint_hash", String(64), nullable=False, index=True),
+    Column("fingerprint", Text, nullable=False),
+    Column("model", String(512), nullable=True),
+    Column("knobs", Text, nullable=False),
+    Column("failure_class", String(128), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("signature", Text, nullable=False),
+    Column("evidence", Text, nullable=False),
+    Column("scope_sweep", String(512), nullable=True),
+    Column("created_at", String(40), nullable=False),
+    Column("updated_at", String(40), nullable=False),
+    Column("hits", Integer, nullable=False, default=0),
+)
+
+
+# ----------------------------------------------------------------------------- canonical forms
+def _canon_value(v: Any) -> Any:
+    """JSON-able canonical form: numpy scalars -> Python, floats to 12 significant digits."""
+    if hasattr(v, "item") and callable(v.item) and not isinstance(v, (list, tuple, dict, str, bytes)):
+        try:
+            v = v.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
+        return v
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return str(v)
+        return float(f"{v:.12g}")
+    if isinstance(v, Mapping):
+        return {str(k): _canon_value(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(v, (list, tuple)):
+        return [_canon_value(x) for x in v]
+    return str(v)
+
+
+def canonical_json(obj: Any) -> str:
+    """Canonical JSON (sorted keys, no spaces, canonical values); equal inputs give equal text."""
+    return json.dumps(_canon_value(obj), sort_keys=True, separators=(",", ":"))
+
+
+def fingerprint_hash(fingerprint: Mapping[str, Any]) -> str:
+    """sha256 hex of the canonical JSON of the :data:`FINGERPRINT_KEYS` present (values as str).
+
+    Raises:
+        ValueError: none of :data:`FINGERPRINT_KEYS` is present (a rule must not apply to
+            every environment).
+    """
+    fp = {k: str(fingerprint[k]) for k in FINGERPRINT_KEYS if fingerprint.get(k) not in (None, "")}
+    if not fp:
+        raise ValueError(f"fingerprint has none of {FINGERPRINT_KEYS}: {dict(fingerprint)!r}")
+    return hashlib.sha256(canonical_json(fp).encode()).hexdigest()
+
+
+def _fp_subset(fingerprint: Mapping[str, Any]) -> dict[str, str]:
+    return {k: str(fingerprint[k]) for k in FINGERPRINT_KEYS if fingerprint.get(k) not in (None, "")}
+
+
+# ----------------------------------------------------------------------------- implicated knobs
+def load_implicated_knobs(path: str | Path = DEFAULT_KNOBS_PATH) -> dict[str, list[str]]:
+    """Read ``conf/failure_knobs.yaml``: failure class -> implicated knob items.
+
+    Items: ``knob``, ``knob?`` (only when set to a non-default value), ``model`` (key by
+    model), ``*`` (full config).
+
+    Raises:
+        ValueError: the file is not a mapping of class -> list of strings, or names a class
+            that is not canonical (``tasks.failures.KIND``).
+        OSError: the file cannot be read.
+    """
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of failure class -> list of knob names")
+    out: dict[str, list[str]] = {}
+    for cls, items in data.items():
+        if cls not in KIND:
+            raise ValueError(f"{path}: {cls}: not a canonical failure class (see ../shared/data/failure_classes.md)")
+        if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
+            raise ValueError(f"{path}: {cls}: expected a list of knob names, got {items!r}")
+        out[str(cls)] = list(items)
+    return out
+
+
+def _is_default(v: Any) -> bool:
+    return v is None or v is False or (isinstance(v, str) and v.strip().lower() in _DEFAULTS)
+
+
+def _uses_model(failure_class: str, mapping: Mapping[str, list[str]]) -> bool:
+    return _MODEL in mapping.get(failure_class, ())
+
+
+def implicated_params(failure_class: str, params: Mapping[str, Any], mapping: Mapping[str, list[str]],
+                      signature: str | None = None) -> dict[str, Any]:
+    """The knob values a failure of ``failure_class`` implicates in a trial's params.
+
+    Args:
+        failure_class: canonical class id.
+        params: the trial's knob values, e.g. ``{"allreduce": "nccl", "nccl_algo": "Tree"}``.
+        mapping: :func:`load_implicated_knobs` output.
+        signature: the failure signature; when it names the value of one of the set
+            optional (``knob?``) knobs as a word (``NCCL_ALGO was set to Tree.``), only
+            those optional knobs are implicated.
+    Returns:
+        A dict sorted by knob name; the full ``params`` when the class is not in the mapping,
+        lists ``*``, or no listed knob is present/set.
+    """
+    items = [i for i in mapping.get(failure_class, [_FULL]) if i != _MODEL]
+    full = {k: params[k] for k in sorted(params)}
+    if _FULL in items:
+        return full
+    out: dict[str, Any] = {}
+    optional: list[str] = []
+    for item in items:
+        name, opt = (item[:-1], True) if item.endswith("?") else (item, False)
+        if name not in params or (opt and _is_default(params[name])):
+            continue
+        out[name] = params[name]
+        if opt:
+            optional.append(name)
+    if signature and len(optional) > 1:
+        named = [k for k in optional if re.search(rf"(?<![\w.-]){re.escape(str(params[k]))}(?![\w-])", signature)]
+        if named:
+            for k in optional:
+                if k not in named:
+                    out.pop(k)
+    if not out:
+        return full
+    return {k: out[k] for k in sorted(out)}
+
+
+# ----------------------------------------------------------------------------- rule
+@dataclass(frozen=True)
+class Rule:
+    """One failure rule (a row of ``servesweep_failure_rules``).
+
+    Attributes:
+        id: row id.
+        fingerprint_hash: :func:`fingerprint_hash` of the environment it was learned on.
+        fingerprint: the :data:`FINGERPRINT_KEYS` values of that environment.
+        model: the model it applies to (memory classes), or None for any model.
+        knobs: implicated knob values; a trial matches when it has all of them.
+        failure_class: canonical class id.  kind: its kind (``deterministic``, or
+            ``transient`` for a forced rule).
+        signature: normalized decisive log line of the first failure.
+        evidence: ``[{"sweep": ..., "trial_number": ...}, ...]`` trials that failed this way.
+        scope_sweep: for forced (transient) rules, the only sweep they apply to; else None.
+        created_at / updated_at: ISO-8601 UTC.
+        hits: trials skipped by this rule.
+    """
+
+    id: int
+    fingerprint_hash: str
+    fingerprint: dict[str, str]
+    model: str | None
+    knobs: dict[str, Any]
+    failure_class: str
+    kind: str
+    signature: str
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    scope_sweep: str | None = None
+    created_at: str = ""
+    updated_at: str = ""
+    hits: int = 0
+
+    def applies_to(self, fp_hash: str, model: str | None, params: Mapping[str, Any], sweep: str | None = None) -> bool:
+        """True when this rule matches a trial (same fingerprint, model, scope and knob values)."""
+        if fp_hash != self.fingerprint_hash:
+            return False
+        if self.model is not None and self.model != model:
+            return False
+        if self.scope_sweep is not None and self.scope_sweep != sweep:
+            return False
+        return all(k in params and _canon_value(params[k]) == _canon_value(v) for k, v in self.knobs.items())
+
+    def explain(self) -> str:
+        """Multi-line human description (the CLI's ``explain``)."""
+        knobs = ", ".join(f"{k}={v}" for k, v in self.knobs.items()) or "(any config)"
+        ev = "; ".join(f"{e.get('sweep')}#{e.get('trial_number')}" for e in self.evidence) or "(none)"
+        fp = ", ".join(f"{k}={v}" for k, v in self.fingerprint.items())
+        return "\n".join([
+            f"rule {self.id}: {self.failure_class} ({self.kind})",
+            f"  when:        {knobs}",
+            f"  model:       {self.model or '(any)'}",
+            f"  scope:       {('sweep ' + self.scope_sweep) if self.scope_sweep else '(every sweep on this environment)'}",
+            f"  environment: {fp}",
+            f"  fingerprint: {self.fingerprint_hash}",
+            f"  signature:   {self.signature}",
+            f"  evidence:    {ev}",
+            f"  skipped:     {self.hits} trial(s)",
+            f"  learned:     {self.created_at} (updated {self.updated_at})",
+        ])
+
+
+def _row_to_rule(r: Any) -> Rule:
+    return Rule(id=r.id, fingerprint_hash=r.fingerprint_hash, fingerprint=json.loads(r.fingerprint), model=r.model,
+                knobs=json.loads(r.knobs), failure_class=r.failure_class, kind=r.kind, signature=r.signature,
+                evidence=json.loads(r.evidence), scope_sweep=r.scope_sweep, created_at=r.created_at,
+                updated_at=r.updated_at, hits=int(r.hits or 0))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# ----------------------------------------------------------------------------- store
+def _make_engine(url: str) -> tuple[Engine, bool]:
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True), False
+    db = u.database
+    if db in (None, "", ":memory:"):
+        eng = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
+                            poolclass=StaticPool)
+    else:
+        Path(db).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+        eng = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
+
+    @event.listens_for(eng, "connect")
+    def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+        dbapi_conn.isolation_level = None  # pysqlite must not BEGIN by itself: we BEGIN IMMEDIATE
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        if db not in (None, "", ":memory:"):
+            cur.execute("PRAGMA journal_mode = WAL")
+        cur.close()
+
+    @event.listens_for(eng, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock up front: no lost updates
+
+    return eng, True
+
+
+class RuleStore:
+    """The failure-rules table behind a SQLAlchemy URL (created on first use).
+
+    Args:
+        url: SQLAlchemy URL, e.g. ``sqlite:////abs/path/servesweep.db`` or a PostgreSQL URL;
+            default :data:`DEFAULT_DB_URL`.
+        knobs_path: ``conf/failure_knobs.yaml``-style mapping used when ``learn`` gets no
+            ``mapping``.
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError: the database cannot be opened or created.
+    """
+
+    def __init__(self, url: str | None = None, knobs_path: str | Path = DEFAULT_KNOBS_PATH) -> None:
+        self.url = url or DEFAULT_DB_URL
+        self.engine, self._sqlite = _make_engine(self.url)
+        self._knobs_path = Path(knobs_path)
+        self._mapping: dict[str, list[str]] | None = None
+        with self._tx() as conn:
+            _metadata.create_all(conn, checkfirst=True)
+
+    # -- plumbing
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    def _select(self, *where: Any) -> Any:
+        q = select(_rules).where(*where)
+        return q if self._sqlite else q.with_for_update()
+
+    @property
+    def mapping(self) -> dict[str, list[str]]:
+        """The class -> implicated knobs mapping from ``knobs_path`` (loaded once)."""
+        if self._mapping is None:
+            self._mapping = load_implicated_knobs(self._knobs_path)
+        return self._mapping
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.engine.dispose()
+
+    # -- writing
+    def learn(self, fingerprint: Mapping[str, Any], model: str, params: Mapping[str, Any], failure_class: str,
+              signature: str, evidence: Mapping[str, Any], *, force: bool = False,
+              mapping: Mapping[str, list[str]] | None = None) -> Rule | None:
+        """Record that a trial failed with ``failure_class``; returns the (new or merged) rule.
+
+        Args:
+            fingerprint: the environment fingerprint the trial ran on.
+            model: model name; stored only for classes whose mapping lists ``model``.
+            params: the trial's knob values.
+            failure_class: canonical class id.
+            signature: the normalized failure signature (kept from the first failure).
+            evidence: ``{"sweep": str, "trial_number": int, ...}``; appended once per
+                (sweep, trial_number).
+            force: make a ``transient`` class a rule (call only after a retry also failed);
+                the rule is scoped to ``evidence["sweep"]``.
+            mapping: class -> implicated knobs (default: the store's ``knobs_path``).
+        Returns:
+            The rule, or None when the class's kind does not make rules (transient without
+            ``force``, infra, perf).
+        Raises:
+            ValueError: unknown class, or a fingerprint without any :data:`FINGERPRINT_KEYS`.
+        """
+        kind = KIND.get(failure_class)
+        if kind is None:
+            raise ValueError(f"{failure_class!r} is not a canonical failure class")
+        if not (kind == "deterministic" or (kind == "transient" and force)):
+            return None
+        m = self.mapping if mapping is None else mapping
+        fp_hash = fingerprint_hash(fingerprint)
+        knobs = implicated_params(failure_class, params, m, signature)
+        model_key = str(model) if _uses_model(failure_class, m) else None
+        scope = str(evidence.get("sweep")) if kind != "deterministic" and evidence.get("sweep") is not None else None
+        key = hashlib.sha256(canonical_json([fp_hash, model_key, failure_class, knobs, scope]).encode()).hexdigest()
+        ev = _canon_value(dict(evidence))
+        for _attempt in range(3):
+            try:
+                with self._tx() as conn:
+                    row = conn.execute(self._select(_rules.c.rule_key == key)).first()
+                    now = _now()
+                    if row is None:
+                        res = conn.execute(_rules.insert().values(
+                            rule_key=key, fingerprint_hash=fp_hash, fingerprint=canonical_json(_fp_subset(fingerprint)),
+                            model=model_key, knobs=canonical_json(knobs), failure_class=failure_class, kind=kind,
+                            signature=signature or "", evidence=canonical_json([ev]), scope_sweep=scope,
+                            created_at=now, updated_at=now, hits=0))
+                        rid = int(res.inserted_primary_key[0])
+                    else:
+                        rid = int(row.id)
+                        evs = json.loads(row.evidence)
+                        if not any(e.get("sweep") == ev.get("sweep") and e.get("trial_number") == ev.get("trial_number")
+                                   for e in evs):
+                            evs.append(ev)
+                            conn.execute(_rules.update().where(_rules.c.id == rid)
+                                         .values(evidence=canonical_json(evs), updated_at=now))
+                return self.get(rid)
+            except IntegrityError:  # another process inserted the same rule first: merge into it
+                continue
+        raise RuntimeError(f"could not record rule {key[:12]} after 3 attempts")  # pragma: no cover
+
+    def forget(self, rule_id: int) -> bool:
+        """Delete a rule; True when it existed."""
+        with self._tx() as conn:
+            return conn.execute(_rules.delete().where(_rules.c.id == int(rule_id))).rowcount > 0
+
+    def record_hit(self, rule_id: int) -> None:
+        """Count one trial skipped by a rule."""
+        with self._tx() as conn:
+            conn.execute(_rules.update().where(_rules.c.id == int(rule_id)).values(hits=_rules.c.hits + 1))
+
+    # -- reading
+    def match(self, fingerprint: Mapping[str, Any], model: str, params: Mapping[str, Any], *,
+              sweep: str | None = None, record_hit: bool = True) -> Rule | None:
+        """The oldest rule that matches a trial, or None.
+
+        A rule matches when the fingerprint hash is equal, its model is None or ``model``,
+        its scope is None or ``sweep``, and every implicated knob value equals the trial's.
+
+        Args:
+            fingerprint / model / params: the trial's environment, model and knob values.
+            sweep: the sweep (study) asking; forced (transient) rules apply only to theirs.
+            record_hit: count the skip in ``hits`` (the caller is about to skip the trial).
+        """
+        try:
+            fp_hash = fingerprint_hash(fingerprint)
+        except ValueError:
+            return None
+        for rule in self.rules_for_fingerprint(fingerprint):
+            if rule.applies_to(fp_hash, model, params, sweep):
+                if record_hit:
+                    self.record_hit(rule.id)
+                    return self.get(rule.id)
+                return rule
+        return None
+
+    def get(self, rule_id: int) -> Rule | None:
+        """The rule with this id, or None."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(_rules).where(_rules.c.id == int(rule_id))).first()
+        return _row_to_rule(row) if row is not None else None
+
+    def list(self, *, fingerprint: Mapping[str, Any] | None = None, failure_class: str | None = None,
+             model: str | None = None) -> list[Rule]:
+        """Rules ordered by id, optionally only one fingerprint / class / model (model None = any)."""
+        where = []
+        if fingerprint is not None:
+            where.append(_rules.c.fingerprint_hash == fingerprint_hash(fingerprint))
+        if failure_class is not None:
+            where.append(_rules.c.failure_class == failure_class)
+        if model is not None:
+            where.append(_rules.c.model == model)
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(_rules).where(*where).order_by(_rules.c.id)).all()
+        return [_row_to_rule(r) for r in rows]
+
+    def rules_for_fingerprint(self, fingerprint: Mapping[str, Any]) -> list[Rule]:
+        """All rules learned on this environment, ordered by id ([] for an empty fingerprint)."""
+        try:
+            return self.list(fingerprint=fingerprint)
+        except ValueError:
+            return []
+
+    def all_dead_ends(self, sweep: str | None = None, *,
+                      exclude_fingerprint: Mapping[str, Any] | None = None) -> list[Rule]:
+        """Rules to re-check after an upgrade, ordered by id.
+
+        Args:
+            sweep: only rules with evidence from this sweep (None: every rule).
+            exclude_fingerprint: leave out rules of this environment (the current one: they
+                still apply, re-trying them would only fail again).
+        """
+        rules = self.list()
+        if sweep is not None:
+            rules = [r for r in rules if any(e.get("sweep") == sweep for e in r.evidence)]
+        if exclude_fingerprint is not None:
+            h = fingerprint_hash(exclude_fingerprint)
+            rules = [r for r in rules if r.fingerprint_hash != h]
+        return rules
+
+
+# ----------------------------------------------------------------------------- CLI
+def _fmt_row(r: Rule) -> str:
+    knobs = ",".join(f"{k}={v}" for k, v in r.knobs.items())
+    return (f"{r.id}\t{r.failure_class}\t{r.kind}\t{r.model or '-'}\t{knobs}\t{len(r.evidence)}\t{r.hits}\t"
+            f"{r.fingerprint_hash[:12]}\t{r.scope_sweep or '-'}")
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    """``python -m sweeps.rules [--db URL] list|explain ID|forget ID``; 0 ok, 1 no such rule."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", dest="db_sub", default=None, help="SQLAlchemy URL of the rules store")
+    p = argparse.ArgumentParser(prog="python -m sweeps.rules", description="Inspect and edit servesweep failure rules.")
+    p.add_argument("--db", default=None, help=f"SQLAlchemy URL (default {DEFAULT_DB_URL})")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    ls = sub.add_parser("list", parents=[common], help="list rules (tab-separated)")
+    ls.add_argument("--class", dest="failure_class", default=None)
+    for name, help_ in (("explain", "show one rule in full"), ("forget", "delete one rule")):
+        sp = sub.add_parser(name, parents=[common], help=help_)
+        sp.add_argument("id", type=int)
+    a = p.parse_args(list(argv) if argv is not None else None)
+    store = RuleStore(a.db_sub or a.db or DEFAULT_DB_URL)
+    try:
+        if a.cmd == "list":
+            print("id\tclass\tkind\tmodel\tknobs\tevidence\thits\tfingerprint\tscope")
+            for r in store.list(failure_class=a.failure_class):
+                print(_fmt_row(r))
+            return 0
+        rule = store.get(a.id)
+        if rule is None:
+            print(f"no rule {a.id} in {store.url}", file=sys.stderr)
+            return 1
+        if a.cmd == "explain":
+            print(rule.explain())
+            return 0
+        store.forget(a.id)
+        print(f"forgot rule {a.id}: {rule.failure_class} when {canonical_json(rule.knobs)}")
+        return 0
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
