@@ -1,0 +1,261 @@
+"""Tests for sweeps.rules: learning, matching, evidence, scoping, fingerprints, concurrency, CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sweeps.rules import (
+    DEFAULT_KNOBS_PATH,
+    FINGERPRINT_KEYS,
+    RuleStore,
+    fingerprint_hash,
+    implicated_params,
+    load_implicated_knobs,
+)
+from tasks.failures import KIND
+
+REPO = Path(__file__).resolve().parents[1]
+
+FP = {"gpu_arch": "sm_120", "gpu_name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "driver": "580.95.05",
+      "cuda": "12.9", "nccl": "2.27.7", "torch": "2.9.1", "sglang": "0.5.23", "flashinfer": "0.5.3"}
+BASE = {"speculative": "none", "allreduce": "nccl", "nccl_algo": "default", "nccl_proto": "default",
+        "cuda_graph_max_bs": 512, "moe_a2a_backend": "none", "mem_fraction_static": 0.85}
+MODEL = "kimi_k25"
+
+
+def P(**kw):
+    return {**BASE, **kw}
+
+
+def ev(n, sweep="s1"):
+    return {"sweep": sweep, "trial_number": n}
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = RuleStore(f"sqlite:///{tmp_path / 'rules.db'}")
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def mapping():
+    return load_implicated_knobs(DEFAULT_KNOBS_PATH)
+
+
+# ------------------------------------------------------------------ config
+def test_knobs_config_covers_every_deterministic_class(mapping):
+    det = {c for c, k in KIND.items() if k == "deterministic"}
+    assert det <= set(mapping), det - set(mapping)
+    assert mapping["flashinfer_allreduce_fusion_unsupported_arch"] == ["allreduce"]
+    assert "model" in mapping["cuda_oom_graph_capture"] and "model" not in mapping["torch_symm_mem_unsupported"]
+
+
+def test_load_rejects_unknown_class(tmp_path):
+    p = tmp_path / "k.yaml"
+    p.write_text("not_a_class: [allreduce]\n")
+    with pytest.raises(ValueError, match="not_a_class"):
+        load_implicated_knobs(p)
+    p.write_text("cli_arg_error: allreduce\n")
+    with pytest.raises(ValueError, match="list"):
+        load_implicated_knobs(p)
+
+
+@pytest.mark.parametrize("cls, params, signature, expected", [
+    ("flashinfer_allreduce_fusion_unsupported_arch", P(allreduce="flashinfer_fusion"), "",
+     {"allreduce": "flashinfer_fusion"}),
+    # Tree with the default protocol: only the algorithm is implicated (Tree fails whatever proto)
+    ("nccl_env_algo_proto_invalid", P(nccl_algo="Tree"), "", {"nccl_algo": "Tree"}),
+    # both pinned, NCCL names the algorithm: narrowed to it
+    ("nccl_env_algo_proto_invalid", P(nccl_algo="Tree", nccl_proto="LL"),
+     "NCCL WARN Error : no algorithm/protocol available for function AllGather. NCCL_ALGO was set to Tree.",
+     {"nccl_algo": "Tree"}),
+    # both pinned, no attribution in the signature: both values
+    ("nccl_env_algo_proto_invalid", P(nccl_algo="Ring", nccl_proto="LL128"), "NCCL error: invalid usage",
+     {"nccl_algo": "Ring", "nccl_proto": "LL128"}),
+    ("nccl_env_algo_proto_invalid", P(nccl_proto="LL128"), "NCCL_PROTO was set to LL128.", {"nccl_proto": "LL128"}),
+    ("moe_ep_a2a_config_error", P(moe_a2a_backend="flashinfer"), "", {"moe_a2a_backend": "flashinfer"}),
+    # the implicated knob is at its default: never a rule for "moe_a2a_backend=none", full config instead
+    ("moe_ep_a2a_config_error", P(), "", dict(sorted(BASE.items()))),
+    ("cuda_oom_graph_capture", P(cuda_graph_max_bs=512, mem_fraction_static=0.9), "",
+     {"cuda_graph_max_bs": 512, "mem_fraction_static": 0.9, "speculative": "none"}),
+    ("cuda_oom_graph_capture", P(speculative="eagle3", eagle_num_steps=3, eagle_topk=1, eagle_num_draft_tokens=4), "",
+     {"cuda_graph_max_bs": 512, "mem_fraction_static": 0.85, "speculative": "eagle3", "eagle_topk": 1,
+      "eagle_num_draft_tokens": 4}),
+    ("cli_arg_error", P(), "", dict(sorted(BASE.items()))),
+    ("server_args_incompatible", P(allreduce="custom"), "", dict(sorted(P(allreduce="custom").items()))),
+])
+def test_implicated_params(mapping, cls, params, signature, expected):
+    assert implicated_params(cls, params, mapping, signature) == expected
+
+
+def test_class_missing_from_mapping_falls_back_to_full_config():
+    assert implicated_params("torch_symm_mem_unsupported", P(allreduce="torch_symm_mem"), {}) == \
+        dict(sorted(P(allreduce="torch_symm_mem").items()))
+
+
+def test_fingerprint_hash_uses_only_stack_keys():
+    h = fingerprint_hash(FP)
+    assert h == fingerprint_hash({**FP, "hostname": "other", "node": "abc"})
+    assert h == fingerprint_hash(dict(reversed(list(FP.items()))))
+    assert h != fingerprint_hash({**FP, "sglang": "0.5.24"})
+    assert len(h) == 64
+    with pytest.raises(ValueError):
+        fingerprint_hash({"hostname": "x"})
+    assert set(FINGERPRINT_KEYS) >= set(FP)
+
+
+# ------------------------------------------------------------------ learn / match
+def test_learn_then_match_skips_only_implicated_values(store):
+    r = store.learn(FP, MODEL, P(allreduce="flashinfer_fusion"), "flashinfer_allreduce_fusion_unsupported_arch",
+                    "Exception: Capture cuda graph failed: No supported CUDA architectures found", ev(3))
+    assert r is not None and r.knobs == {"allreduce": "flashinfer_fusion"} and r.model is None
+    assert r.kind == "deterministic" and r.evidence == [ev(3)] and r.hits == 0
+    # any other config with the same allreduce level matches, whatever the other knobs / model
+    m = store.match(FP, "other_model", P(allreduce="flashinfer_fusion", cuda_graph_max_bs=128, nccl_algo="Ring"))
+    assert m is not None and m.id == r.id and m.hits == 1
+    assert store.match(FP, MODEL, P(allreduce="nccl")) is None
+    assert store.match(FP, MODEL, {"speculative": "none"}) is None  # knob absent: no match
+    assert store.match(FP, MODEL, P(allreduce="flashinfer_fusion"), record_hit=False).hits == 1
+
+
+def test_learn_is_idempotent_and_merges_evidence(store):
+    args = (FP, MODEL, P(nccl_algo="Tree"), "nccl_env_algo_proto_invalid", "NCCL_ALGO was set to Tree.")
+    a = store.learn(*args, ev(1))
+    b = store.learn(*args, ev(1))            # same trial again: no duplicate evidence
+    c = store.learn(*args, ev(7, "s2"))      # another sweep, same rule
+    d = store.learn(FP, MODEL, P(nccl_algo="Tree", nccl_proto="Simple"), "nccl_env_algo_proto_invalid",
+                    "x NCCL_ALGO was set to Tree.", ev(9))  # narrowed to the same knob values
+    assert a.id == b.id == c.id == d.id
+    assert store.get(a.id).evidence == [ev(1), ev(7, "s2"), ev(9)]
+    assert store.get(a.id).signature == "NCCL_ALGO was set to Tree."
+    assert len(store.list()) == 1
+
+
+def test_non_deterministic_kinds_do_not_become_rules_unless_forced(store):
+    assert store.learn(FP, MODEL, P(), "collective_hang_or_timeout", "watchdog", ev(1)) is None
+    assert store.learn(FP, MODEL, P(), "nccl_init_system_error", "shm", ev(1)) is None          # infra
+    assert store.learn(FP, MODEL, P(), "nccl_init_system_error", "shm", ev(1), force=True) is None
+    assert store.learn(FP, MODEL, P(), "spec_decode_no_speedup", "slow", ev(1), force=True) is None  # perf
+    assert store.list() == []
+    r = store.learn(FP, MODEL, P(), "cuda_illegal_memory_access", "illegal", ev(2), force=True)
+    assert r is not None and r.kind == "transient" and r.scope_sweep == "s1"
+    # a forced transient rule is deterministic only for its own sweep
+    assert store.match(FP, MODEL, P(), sweep="s1").id == r.id
+    assert store.match(FP, MODEL, P(), sweep="s2") is None
+    assert store.match(FP, MODEL, P()) is None
+    with pytest.raises(ValueError):
+        store.learn(FP, MODEL, P(), "no_such_class", "", ev(1))
+
+
+def test_fingerprint_change_makes_rules_not_apply(store):
+    r = store.learn(FP, MODEL, P(allreduce="torch_symm_mem"), "torch_symm_mem_unsupported", "KeyError: <N>", ev(4))
+    upgraded = {**FP, "sglang": "0.6.0"}
+    assert store.match(upgraded, MODEL, P(allreduce="torch_symm_mem")) is None
+    assert store.rules_for_fingerprint(upgraded) == []
+    assert [x.id for x in store.rules_for_fingerprint(FP)] == [r.id]
+    assert store.match({"hostname": "x"}, MODEL, P(allreduce="torch_symm_mem")) is None  # no stack keys
+    # the recheck sweep sees the old dead end, not rules of the current environment
+    assert [x.id for x in store.all_dead_ends(exclude_fingerprint=upgraded)] == [r.id]
+    assert store.all_dead_ends(exclude_fingerprint=FP) == []
+    assert [x.id for x in store.all_dead_ends("s1")] == [r.id]
+    assert store.all_dead_ends("other") == []
+
+
+def test_memory_classes_are_keyed_by_model(store):
+    params = P(cuda_graph_max_bs=512, mem_fraction_static=0.92)
+    r = store.learn(FP, MODEL, params, "cuda_oom_graph_capture", "Capture cuda graph failed: CUDA out of memory", ev(5))
+    assert r.model == MODEL
+    assert r.knobs == {"cuda_graph_max_bs": 512, "mem_fraction_static": 0.92, "speculative": "none"}
+    assert store.match(FP, MODEL, {**params, "allreduce": "custom"}).id == r.id
+    assert store.match(FP, "small_model", params) is None
+    assert store.match(FP, MODEL, {**params, "cuda_graph_max_bs": 128}) is None
+    assert store.match(FP, MODEL, {**params, "mem_fraction_static": 0.920000000000001}) is not None  # float noise
+    other = store.learn(FP, "small_model", params, "cuda_oom_graph_capture", "oom", ev(6))
+    assert other.id != r.id and len(store.list(failure_class="cuda_oom_graph_capture")) == 2
+    assert [x.id for x in store.list(model="small_model")] == [other.id]
+
+
+def test_forget_and_get(store):
+    r = store.learn(FP, MODEL, P(moe_a2a_backend="flashinfer"), "moe_ep_a2a_config_error", "assert", ev(1))
+    assert store.get(r.id) == r
+    assert store.forget(r.id) is True
+    assert store.get(r.id) is None and store.forget(r.id) is False
+    assert store.match(FP, MODEL, P(moe_a2a_backend="flashinfer")) is None
+
+
+def test_rules_are_shared_across_store_instances(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    a, b = RuleStore(url), RuleStore(url)
+    r = a.learn(FP, MODEL, P(allreduce="flashinfer_fusion"), "flashinfer_allreduce_fusion_unsupported_arch", "x", ev(1))
+    assert b.match(FP, MODEL, P(allreduce="flashinfer_fusion")).id == r.id
+    a.close()
+    b.close()
+
+
+def test_in_memory_store():
+    s = RuleStore("sqlite://")
+    assert s.learn(FP, MODEL, P(allreduce="custom"), "custom_allreduce_graph_error", "x", ev(1)) is not None
+    assert s.match(FP, MODEL, P(allreduce="custom")) is not None
+
+
+_WORKER = """
+import sys
+from sweeps.rules import RuleStore
+url, sweep, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fp = {"gpu_arch": "sm_120", "sglang": "0.5.23"}
+s = RuleStore(url)
+for i in range(n):
+    s.learn(fp, "m", {"allreduce": "flashinfer_fusion"}, "flashinfer_allreduce_fusion_unsupported_arch", "sig",
+            {"sweep": sweep, "trial_number": i})
+"""
+
+
+def test_two_processes_learning_concurrently_lose_no_evidence(tmp_path):
+    url = f"sqlite:///{tmp_path / 'conc.db'}"
+    n = 25
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, url, f"s{k}", str(n)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    s = RuleStore(url)
+    rules = s.list()
+    assert len(rules) == 1
+    assert sorted((e["sweep"], e["trial_number"]) for e in rules[0].evidence) == \
+        sorted((f"s{k}", i) for k in range(2) for i in range(n))
+    s.close()
+
+
+# ------------------------------------------------------------------ CLI
+def _cli(*args, url):
+    return subprocess.run([sys.executable, "-m", "sweeps.rules", *args, "--db", url], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_cli_list_explain_forget(tmp_path):
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    s = RuleStore(url)
+    r = s.learn(FP, MODEL, P(nccl_algo="Tree"), "nccl_env_algo_proto_invalid", "NCCL_ALGO was set to Tree.", ev(12))
+    s.close()
+
+    out = _cli("list", url=url)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split("\t") for line in out.stdout.splitlines()]
+    assert rows[0][:3] == ["id", "class", "kind"]
+    assert rows[1][:5] == [str(r.id), "nccl_env_algo_proto_invalid", "deterministic", "-", "nccl_algo=Tree"]
+
+    out = _cli("explain", str(r.id), url=url)
+    assert out.returncode == 0
+    assert "nccl_algo=Tree" in out.stdout and "s1#12" in out.stdout and r.fingerprint_hash in out.stdout
+
+    out = subprocess.run([sys.executable, "-m", "sweeps.rules", "--db", url, "forget", str(r.id)], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0 and "forgot rule" in out.stdout
+    assert RuleStore(url).get(r.id) is None
+    assert _cli("explain", str(r.id), url=url).returncode == 1
+    assert len(_cli("list", url=url).stdout.splitlines()) == 1  # header only
