@@ -583,9 +583,15 @@ def evaluate(profile: dict, launch: LaunchConfig, *, batch: int = 1, input_len: 
         tl.log(f"env: NCCL_PROTO={launch.nccl_proto}", tag=None)
     tl.advance("process", st["process_s"])
 
-    def main_exc(exc_line: str, where: str, cls: str):
+    def main_exc(exc_line: str, where: str, cls: str, src: str | None = None):
         tl.log("Traceback (most recent call last):", raw=True)
+        tl.log('  File "<VENV>/sglang/launch_server.py", line 24, in <module>', raw=True)
+        tl.log("    server_args = prepare_server_args(sys.argv[1:])", raw=True)
+        tl.log('  File "<VENV>/sglang/srt/server_args.py", line 612, in __post_init__', raw=True)
+        tl.log(f"    self.{where}()", raw=True)
         tl.log('  File "<VENV>/sglang/srt/server_args.py", line 2400, in ' + where, raw=True)
+        if src:
+            tl.log("    " + src, raw=True)
         tl.log(exc_line, raw=True)
         return _fail(pred, tl, cls, "startup", 1, exc_line)
 
@@ -593,7 +599,8 @@ def evaluate(profile: dict, launch: LaunchConfig, *, batch: int = 1, input_len: 
     if launch.speculative:
         given = [launch.speculative_num_steps, launch.speculative_eagle_topk, launch.speculative_num_draft_tokens]
         if any(g is None for g in given) and any(g is not None for g in given):
-            return main_exc("AssertionError", "_handle_speculative_decoding", "spec_decode_config_error")
+            return main_exc("AssertionError", "_handle_speculative_decoding", "spec_decode_config_error",
+                            src="assert self.speculative_num_steps is not None")
         sd = me.get("spec_defaults", {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4})
         steps = launch.speculative_num_steps or sd["num_steps"]
         topk = launch.speculative_eagle_topk or sd["eagle_topk"]
