@@ -464,6 +464,9 @@ _DEGRADED: tuple[tuple[str, re.Pattern[str]], ...] = (
         r"|Disabl\w* (?i:flashinfer) allreduce fusion")),
 )
 
+#: allreduce knob level -> the path it must run (tasks.knobs ALLREDUCE_LEVELS; nccl has no path to lose).
+_LEVEL_PATH = {"custom": "custom_allreduce", "torch_symm_mem": "torch_symm_mem", "flashinfer_fusion": "flashinfer_fusion"}
+
 _NUM = r"(\d+(?:\.\d+)?)"
 _TRIAL_VS_BASELINE = re.compile(r"Output token throughput \(tok/s\):\s*" + _NUM + r"\s*\(baseline[^)]*?" + _NUM + r"\s*\)")
 _BASELINE_TPUT = re.compile(r"\bbaseline\b.*?Output token throughput \(tok/s\):\s*" + _NUM)
@@ -548,15 +551,23 @@ def detect_perf_tags(log_text: str, expected_paths: Mapping[str, object] | None 
 
     Args:
         log_text: the server log.
-        expected_paths: optional ``TrialSpec.expected_paths`` (e.g.
-            ``{"custom_allreduce": True}``); when given, an allreduce path that was turned
-            off counts only if the trial expected that path to run.
+        expected_paths: optional ``TrialSpec.expected_paths``: path booleans
+            (``{"custom_allreduce": True}``) and/or the allreduce level
+            (``{"allreduce": "custom"}``, as ``tasks.knobs.render_launch`` returns); when
+            given, an allreduce path that was turned off counts only if the trial expected
+            that path to run.
     Returns:
         Unique tags in first-seen order; [] when nothing was found.
     """
+    expected: dict[str, object] | None = None
+    if expected_paths is not None:
+        expected = dict(expected_paths)
+        level = _LEVEL_PATH.get(str(expected_paths.get("allreduce")))
+        if level:
+            expected[level] = True
     tags: list[str] = []
     for f in detect_perf_findings(log_text):
-        if f.path and expected_paths is not None and not expected_paths.get(f.path):
+        if f.path and expected is not None and not expected.get(f.path):
             continue
         if f.tag not in tags:
             tags.append(f.tag)

@@ -297,6 +297,11 @@ def test_detect_perf_tags_on_shared_logs():
     # only the paths the trial expected to run count when expected_paths is given
     assert detect_perf_tags(_log(by_id["B12"]), {"custom_allreduce": False}) == []
     assert detect_perf_tags(_log(by_id["B12"]), {"custom_allreduce": True}) == ["allreduce_path_degraded"]
+    # the allreduce level form returned by tasks.knobs.render_launch
+    assert detect_perf_tags(_log(by_id["B12"]), {"allreduce": "custom"}) == ["allreduce_path_degraded"]
+    assert detect_perf_tags(_log(by_id["B12"]), {"allreduce": "torch_symm_mem"}) == ["allreduce_path_degraded"]
+    assert detect_perf_tags(_log(by_id["B12"]), {"allreduce": "nccl"}) == []
+    assert detect_perf_tags(_log(by_id["B12"]), {"allreduce": "flashinfer_fusion"}) == []
 
 
 def test_detect_perf_tags_faster_spec_is_not_a_finding():
