@@ -213,7 +213,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "taxonomy 2.6; torch_symm_mem.py"),
     Signature("torch_symm_mem_unsupported", _re(r"\bKeyError: \d+\s*$", r"The size of tensor a \(\d+\) must match the size of tensor b"),
               "taxonomy 2.6: MAX_SIZES[12] lookup / fixed buffer overflow; sglang#24548, #27123",
-              near=re.compile(r"symm_mem|SYMM_MEM")),
+              near=re.compile(r'symm_mem\w*\.py"|SYMM_MEM_')),
     Signature("torch_symm_mem_unsupported", _re(r"\bKeyError: 1\d\s*$"),
               "taxonomy 2.6: KeyError on a compute-capability major with symm mem enabled",
               requires=_SYMM_ON),
@@ -233,17 +233,18 @@ SIGNATURES: tuple[Signature, ...] = (
         "taxonomy 2.17; server_args.py _handle_a2a_moe; sglang#26324, #39408"),
     Signature("moe_ep_a2a_config_error", _re(r"^\s*AssertionError\b"),
               "taxonomy 2.17: bare assertion raised from MoE / A2A code",
-              near=re.compile(r"moe_runner|/moe/|_handle_a2a_moe|_handle_moe|deepep|token_dispatcher")),
+              near=re.compile(r'(?:/moe/|moe_runner/|deepep|token_dispatcher)[\w/]*\.py"|in _handle_(?:a2a_)?moe')),
     # Inconsistent speculative flags (taxonomy 2.18).
     Signature("spec_decode_config_error", _re(
         r"speculative_eagle_topk > 1 with page_size > 1",
         r"Spec v2 currently only supports topk = 1",
         r"only supports topk = 1 for speculative decoding",
-        r"(?:AssertionError|ValueError)\b.*\bspeculative_(?:num_steps|num_draft_tokens|eagle_topk)"),
+        r"(?:AssertionError|ValueError)\b.*\bspeculative_(?:num_steps|num_draft_tokens|eagle_topk)",
+        r"^\s*assert .*\bspeculative_(?:num_steps|num_draft_tokens|eagle_topk|algorithm)"),
         "taxonomy 2.18; server_args.py _handle_speculative_decoding"),
     Signature("spec_decode_config_error", _re(r"^\s*(?:AssertionError|ValueError)\b"),
               "taxonomy 2.18: bare assertion in the speculative-decoding argument handler",
-              near=re.compile(r"_handle_speculative_decoding")),
+              near=re.compile(r"in _handle_speculative_decoding")),
     # ServerArgs validation rejected a combination (taxonomy 2.2).
     Signature("server_args_incompatible", _re(
         r"TRTLLM MHA backend is only supported on Blackwell",
@@ -286,7 +287,7 @@ SIGNATURES: tuple[Signature, ...] = (
         r"custom_all_reduce\.cuh:\d+ '[^']+'", r"Registering 0 cuda graph addresses"),
         "taxonomy 2.9; vllm#5613; sglang PR #11275"),
     Signature("custom_allreduce_graph_error", _re(r"RuntimeError: invalid argument"),
-              "taxonomy 2.9; sglang#9706 (register_graph_buffers)", near=re.compile(r"custom_all_reduce")),
+              "taxonomy 2.9; sglang#9706 (register_graph_buffers)", near=re.compile(r'custom_all_reduce\w*\.py"')),
     # NCCL call failing inside CUDA-graph capture (taxonomy 2.8).
     Signature("nccl_graph_capture_error", _re(
         r"operation failed due to a previous error during capture",
@@ -322,7 +323,7 @@ SIGNATURES: tuple[Signature, ...] = (
         r"SafetensorError"),
         "taxonomy 2.24; sglang#5095"),
     Signature("model_weights_error", _re(r"\bKeyError: '"), "taxonomy 2.24: KeyError raised while loading weights",
-              near=re.compile(r"load_weights|weight_loader|model_loader")),
+              near=re.compile(r'(?:model_loader|weight_utils)[\w/]*\.py"|in (?:load_weights|weight_loader)')),
     Signature("cuda_graph_capture_failed_other", _re(r"Capture (?:draft |draft-extend )?cuda graph failed:"),
               "taxonomy 2.21; sglang#13342, #4205"),
     # Killed from outside by the kernel OOM killer / cgroup (taxonomy 2.22; needs the evidence line).

@@ -257,6 +257,15 @@ READY = "[2026-01-01 00:00:05] The server is fired up and ready to roll!\n"
      1, "startup", "port_in_use"),
     ("Health check failed. Server couldn't get a response from detokenizer for last 20 seconds.\n", None, "bench",
      "health_check_failed"),
+    # "near" guards look at traceback frames, not at knob names echoed in the server_args line
+    ("server_args=ServerArgs(moe_runner_backend='auto', speculative_eagle_topk=2)\n" + TB +
+     '  File "<VENV>/sglang/srt/server_args.py", line 2400, in _handle_speculative_decoding\n'
+     "    assert self.speculative_num_steps is not None\nAssertionError\n", 1, "startup", "spec_decode_config_error"),
+    ("server_args=ServerArgs(enable_torch_symm_mem=False, disable_custom_all_reduce=True)\n" + TB +
+     '  File "<VENV>/sglang/srt/layers/foo.py", line 3, in bar\nKeyError: 12\n' + SIGQUIT, -9, "startup", "unknown"),
+    ("server_args=ServerArgs(disable_custom_all_reduce=True)\n" + TB +
+     '  File "<VENV>/sglang/srt/layers/foo.py", line 3, in bar\nRuntimeError: invalid argument\n' + SIGQUIT,
+     -9, "startup", "unknown"),
     # vLLM-style warnings that are perf information, not the failure
     ("WARNING SymmMemCommunicator: Device capability 12.0 not supported, communicator is not available.\n"
      "Loading safetensors checkpoint shards:   3% Completed | 3/94\n", None, "startup", "startup_timeout"),
