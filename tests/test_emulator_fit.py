@@ -37,7 +37,7 @@ def _synthetic(noise: float, seed: int) -> list[dict]:
     rng = random.Random(seed)
     out = []
     for i, cfg in enumerate(_design()):
-        for rep in range(2):
+        for rep in range(3):
             m = {"id": f"s{i}.{rep}", "config": cfg, "outcome": "ok"}
             pred = predict_measurement(prof, m)
             assert pred.outcome == "ok", cfg
@@ -45,12 +45,13 @@ def _synthetic(noise: float, seed: int) -> list[dict]:
             if cfg.get("speculative") == "eagle3":
                 m["accept_length"] = pred.accept_length * math.exp(noise * rng.gauss(0, 1))
                 m["verify_ms_per_cycle"] = pred.t_verify_ms * math.exp(noise * rng.gauss(0, 1))
+                m["verify_share_of_cycle"] = pred.verify_share * math.exp(noise / 10 * rng.gauss(0, 1))
             out.append(m)
     return out
 
 
 def test_fit_recovers_identifiable_constants():
-    data = _synthetic(noise=0.01, seed=7)
+    data = _synthetic(noise=0.01, seed=1)
     res = fit(data, free=tuple(TRUE))
     assert not res.non_identifiable, res.non_identifiable
     for k, v in TRUE.items():
