@@ -27,18 +27,14 @@ CASES = [
     ("graph_oom", baseline_flags(512, "--mem-fraction-static", "0.95"), {}, "cuda_oom_graph_capture", -9),
     ("draft_graph_oom", baseline_flags(512, "--mem-fraction-static", "0.92", *EAGLE_FLAGS), {},
      "cuda_oom_graph_capture", -9),
-    pytest.param("spec_partial", baseline_flags(128, "--speculative-algorithm", "EAGLE3",
-                                                "--speculative-draft-model-path", "d", "--speculative-eagle-topk", "2"),
-                 {}, "spec_decode_config_error", 1,
-                 marks=pytest.mark.xfail(reason="classifier's bare-AssertionError MoE rule matches `moe_runner_backend=`"
-                                                " in the server_args line before the spec rule (reported to lead)",
-                                         strict=False)),
+    ("spec_partial", baseline_flags(128, "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d",
+                                    "--speculative-eagle-topk", "2"), {}, "spec_decode_config_error", 1),
     ("ambiguous", BASE + ["--cuda-graph-max-bs", "128"], {}, "cli_arg_error", 2),
     ("unknown_flag", BASE + ["--enable-magic"], {}, "cli_arg_error", 2),
 ]
 
 
-@pytest.mark.parametrize("name,argv,env,expected,exit_code", CASES, ids=[c.values[0] if hasattr(c, "values") else c[0] for c in CASES])
+@pytest.mark.parametrize("name,argv,env,expected,exit_code", CASES, ids=[c[0] for c in CASES])
 def test_emulated_failure_is_classified(name, argv, env, expected, exit_code):
     pred = evaluate_argv(default_profile({"noise": 0.0}), argv, env)
     assert pred.outcome == "failed"
