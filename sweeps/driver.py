@@ -180,6 +180,8 @@ class Driver:
         self._start_ray()
         self.fingerprint = self._node_fingerprint()
         self._recover_stale()
+        # the trial budget is the study's: a resumed sweep continues where it stopped
+        self.launched = sum(1 for r in R.load_records(self.study) if r.launched and r.state != "RUNNING")
         self._enqueue_seeds()
 
     def _start_ray(self) -> None:
@@ -301,7 +303,11 @@ class Driver:
         if dup is not None:
             self._tell_duplicate(trial, dup)
             return True
-        rule = self.rules.match(self.fingerprint, self.spec.model.name, params) if self.fingerprint else None
+        degraded = self._degraded_level(params)
+        if degraded is not None:
+            self._tell_degraded_skip(trial, degraded)
+            return True
+        rule = self.rules.match(self.fingerprint, self.spec.model.name, params, sweep=self.study_name) if self.fingerprint else None
         if rule is not None:
             self._tell_rule_skip(trial, rule)
             return True
@@ -377,6 +383,31 @@ class Driver:
         else:  # the original is still running: tell nothing useful, let the sampler move on
             trial.set_constraint("feasible", 0.0)
             self._tell(trial, state=TrialState.PRUNED)
+        self._after_finish()
+
+    def _degraded_level(self, params: dict[str, Any]) -> int | None:
+        """A trial of this study that ran the same allreduce level and saw it silently
+        replaced (``allreduce_path_degraded``): the level does not run on this node, so the
+        config is not launched again. Returns that trial's number or None."""
+        level = params.get("allreduce")
+        if level in (None, "nccl"):
+            return None
+        for r in R.load_records(self.study):
+            if r.status == "ok" and r.params.get("allreduce") == level and not R.counts_for_level(r) \
+                    and r.duplicate_of is None and r.skipped_by_rule is None:
+                return r.number
+        return None
+
+    def _tell_degraded_skip(self, trial: optuna.trial.Trial, evidence: int) -> None:
+        self.consecutive_skips += 1
+        trial.set_user_attr(R.A_STATUS, "skipped")
+        trial.set_user_attr(R.A_SKIPPED_BY_RULE, f"degraded:allreduce={trial.params.get('allreduce')}@t{evidence}")
+        trial.set_user_attr(R.A_FAILURE_CLASS, R.DEGRADED)
+        trial.set_user_attr(R.A_FAILURE_KIND, "perf")
+        trial.set_user_attr(R.A_SIGNATURE, f"allreduce={trial.params.get('allreduce')} silently fell back to NCCL "
+                                           f"in trial {evidence}")
+        trial.set_user_attr(R.A_TIMINGS, {"gpu_s": 0.0})
+        self._tell_infeasible(trial, "degraded allreduce level")
         self._after_finish()
 
     def _tell_rule_skip(self, trial: optuna.trial.Trial, rule: Any) -> None:
@@ -459,11 +490,14 @@ class Driver:
             except Exception as e:  # noqa: BLE001
                 log.error("could not store %s for trial %d: %s", k, t.number, e)
         obj = metrics.get(self.spec.sweep.objective)
-        if res.status == "ok" and obj is not None and math.isfinite(obj):
+        if res.status == "ok" and obj is not None and math.isfinite(obj) and R.DEGRADED in res.perf_tags \
+                and f.params.get("allreduce") not in (None, "nccl"):
+            self._tell_infeasible(t, "allreduce level silently replaced")  # measured, but not the level named
+        elif res.status == "ok" and obj is not None and math.isfinite(obj):
             t.set_constraint("feasible", 0.0)
             self._tell(t, values=obj)
         elif res.status == "failed" and res.failure_kind in ("deterministic", "transient"):
-            self._learn(t.number, f.params, res)
+            self._learn(t.number, f.params, res, retried=f.attempt > 1)
             self._tell_infeasible(t, res.failure_class or "failed")
         else:  # infra errors, interruptions: not the config's fault, teach the sampler nothing
             self._tell(t, state=TrialState.FAIL)
@@ -474,7 +508,11 @@ class Driver:
         self.progress.event(line)
         self._after_finish()
 
-    def _learn(self, number: int, params: dict[str, Any], res: TrialResult) -> None:
+    def _learn(self, number: int, params: dict[str, Any], res: TrialResult, retried: bool) -> None:
+        """Record a failure rule: deterministic classes at once; a transient class only after
+        its retry failed too (then it applies to this sweep only)."""
+        if res.failure_kind == "transient" and not retried:
+            return
         if not res.failure_class or not (res.fingerprint or self.fingerprint):
             return
         try:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from sweeps.records import TrialRecord, load_records
+from sweeps.records import TrialRecord, counts_for_level, load_records
 from sweeps.tracking import run_name
 
 
@@ -31,7 +31,7 @@ class Progress:
         launched = [r for r in recs if r.launched]
         failed = sum(r.status in ("failed", "infra_error") for r in recs)
         skipped = sum(r.status in ("skipped", "infeasible") for r in recs)
-        ok = [r.value for r in recs if r.status == "ok" and r.value is not None]
+        ok = [r.value for r in recs if r.status == "ok" and r.value is not None and counts_for_level(r)]
         best = max(ok) if ok else None
         elapsed = time.monotonic() - t_start
         eta = ""

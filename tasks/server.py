@@ -19,6 +19,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -257,6 +258,9 @@ def launch(
         LifecycleError(cli_arg_error): the launcher executable does not exist.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if not argv or shutil.which(argv[0]) is None:
+        raise LifecycleError(f"launcher not found: {argv[0] if argv else '<empty argv>'!r} is not an executable on PATH",
+                             "startup", "cli_arg_error")
     full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "SERVESWEEP_PARENT_PID": str(os.getpid())}
     cmd = list(argv)
     if pdeathsig and sys.platform.startswith("linux"):

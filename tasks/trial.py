@@ -169,9 +169,10 @@ def run_trial(spec: TrialSpec, profile: dict[str, Any] | None = None, workdir: s
             if not wait_gpus_released(_gpu_indices(), spec.timeouts.gpu_release_s):
                 raise LifecycleError("GPU memory not released after teardown", "teardown", "teardown_timeout")
     except LifecycleError as e:
-        log = log_path.read_text(errors="replace") if log_path.exists() else ""
-        rc = e.exit_code if e.exit_code is not None else (srv.returncode() if srv else None)
-        _failure(res, log + f"\n[servesweep] {e}", rc, e.phase, e.failure_class)
+        with open(log_path, "a", encoding="utf-8") as f:
+            f.write(f"\n[servesweep] {e.phase}: {e}\n")
+        rc = e.exit_code  # observed before teardown; after it a SIGTERMed server exits 0
+        _failure(res, log_path.read_text(errors="replace"), rc, e.phase, e.failure_class)
     except Exception as e:  # noqa: BLE001 - a harness bug is an infra error, never a crashed sweep
         res.status, res.phase, res.failure_class, res.failure_kind = "infra_error", phase, "unknown", "infra"
         res.failure_signature = redact_text(f"harness error: {type(e).__name__}: {e}")[:500]
