@@ -151,6 +151,18 @@ class ServerProcess:
     def returncode(self) -> int | None:
         return self.proc.poll()
 
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """Wait up to ``timeout_s`` (s) for the server to exit; its exit code, or None if it runs on.
+
+        A server that closes its sockets while exiting is seen by the client a moment before
+        the kernel reports the exit (measured: a few ms); without this wait an early exit
+        (code 0) looks like a stall.
+        """
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def log_text(self, max_bytes: int = 1 << 20) -> str:
         """The server log (last ``max_bytes`` bytes), decoded leniently."""
         try:

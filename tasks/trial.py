@@ -145,7 +145,8 @@ def run_trial(spec: TrialSpec, profile: dict[str, Any] | None = None, workdir: s
                 try:
                     metrics, records = run_benchmark(base_url, spec.bench)
                 except BenchError as e:
-                    rc = srv.returncode()
+                    # a lost connection usually means the server is exiting: wait for its code
+                    rc = srv.returncode() if e.kind == "stall" else srv.wait_exit(2.0)
                     if rc is None and e.kind == "stall":
                         raise LifecycleError(str(e), "bench", "bench_stall") from None
                     if rc is None:
