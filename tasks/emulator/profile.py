@@ -189,6 +189,12 @@ def build_profile(node: dict, model: dict, emulator: dict | None = None) -> dict
     if not rates or any(isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < 1 for r in rates):
         raise ValueError(f"model.emulator.accept_rate: a number or list of numbers in [0, 1) (got {a!r}); "
                          f"fix it in {_where('model.')}")
+    for key, hi_ok in (("accept_topk_recovery", True), ("accept_topk_decay", False)):
+        v = prof["model"]["emulator"].get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not (0 <= v <= 1 if hi_ok else 0 <= v < 1)):
+            raise ValueError(f"model.emulator.{key}: a number in [0, 1{']' if hi_ok else ')'} (got {v!r}); "
+                             f"fix it in {_where('model.')}")
     for algo in ("Ring", "Tree"):
         for proto in ("LL", "LL128", "Simple"):
             for tbl in ("base_lat_us", "hw_lat_pci_us"):
