@@ -13,32 +13,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-# Logical flag id -> full flag name, SGLang 0.5.23 (source: sglang/srt/server_args.py,
-# ServerArgs.add_cli_args, 0.5.23; see ../shared/data/failure_taxonomy.md §4.4).
-FLAGS_0_5_23: dict[str, str] = {
-    "model_path": "--model-path",
-    "tp_size": "--tp-size",
-    "trust_remote_code": "--trust-remote-code",
-    "disable_custom_all_reduce": "--disable-custom-all-reduce",
-    "enable_flashinfer_allreduce_fusion": "--enable-flashinfer-allreduce-fusion",
-    "enforce_disable_flashinfer_allreduce_fusion": "--enforce-disable-flashinfer-allreduce-fusion",
-    "enable_torch_symm_mem": "--enable-torch-symm-mem",
-    "cuda_graph_max_bs": "--cuda-graph-max-bs-decode",
-    "speculative_algorithm": "--speculative-algorithm",
-    "speculative_draft_model_path": "--speculative-draft-model-path",
-    "speculative_num_steps": "--speculative-num-steps",
-    "speculative_eagle_topk": "--speculative-eagle-topk",
-    "speculative_num_draft_tokens": "--speculative-num-draft-tokens",
-    "moe_a2a_backend": "--moe-a2a-backend",
-    "ep_size": "--ep-size",
-    "mem_fraction_static": "--mem-fraction-static",
-    "host": "--host",
-    "port": "--port",
-    "nccl_port": "--nccl-port",
-}
+from tasks.sglang_cli import DEFAULT_SGLANG_VERSION, FlagSet, FlagUnavailable, flags_from_table, resolve_flags
 
-# Releases before the decode/prefill split of the CUDA-graph flags (PR #29591).
-FLAGS_LEGACY: dict[str, str] = {**FLAGS_0_5_23, "cuda_graph_max_bs": "--cuda-graph-max-bs"}
+# Logical flag id -> full flag name. The names and their version ranges live in one place,
+# tasks/sglang_cli.VERSION_TABLE (sources there: SGLang 0.5.22/0.5.23's real parsers, older
+# wheels read statically); render_launch reads the installed SGLang's own parser when it is
+# importable (tasks.sglang_cli.resolve_flags), else the table for backend["sglang_version"].
+FLAGS_0_5_23: FlagSet = flags_from_table("0.5.23")
+# Releases before the decode/prefill split of the CUDA-graph flags (only --cuda-graph-max-bs).
+FLAGS_LEGACY: FlagSet = flags_from_table("0.5.10")
 
 FLAGS = FLAGS_0_5_23
 
@@ -84,6 +67,21 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+class _FlagLookup:
+    """``f[logical_id]`` -> full flag name; a flag the version lacks is a :class:`KnobError`."""
+
+    def __init__(self, flags: Mapping[str, str]):
+        self._flags = flags
+
+    def __getitem__(self, key: str) -> str:
+        try:
+            return self._flags[key]
+        except FlagUnavailable as e:
+            raise KnobError(str(e)) from None
+        except KeyError:
+            raise KnobError(f"no flag name for {key!r} in the given flag mapping") from None
+
+
 def render_launch(
     params: Mapping[str, Any],
     node: Mapping[str, Any],
@@ -101,7 +99,9 @@ def render_launch(
             ``["python", "-m", "sglang.launch_server"]``), ``tp_size`` the TP size
             (default: all GPUs of the node), ``extra_args`` appended verbatim as argv
             elements, ``env`` extra environment variables.
-        flags: logical flag id -> full flag name (default: SGLang 0.5.23).
+        flags: logical flag id -> full flag name (default:
+            ``tasks.sglang_cli.resolve_flags(backend["sglang_version"])``: the installed
+            SGLang's parser when importable, else the version table, default 0.5.23).
 
     Returns:
         ``(argv, env, expected_paths)``: argv without host/port flags (the node adds
@@ -109,10 +109,13 @@ def render_launch(
         (``{"allreduce": level}``) so a silent fallback is detected.
 
     Raises:
-        KnobError: unknown knob or value, or a value that needs a config field that
-            is missing (e.g. EAGLE-3 without ``model.draft_path``).
+        KnobError: unknown knob or value, a value that needs a config field that
+            is missing (e.g. EAGLE-3 without ``model.draft_path``), or a flag the targeted
+            SGLang version does not have.
     """
-    f = dict(flags or FLAGS)
+    if flags is None:
+        flags = resolve_flags(str(backend.get("sglang_version") or DEFAULT_SGLANG_VERSION))
+    f = _FlagLookup(flags)
     unknown = sorted(set(params) - KNOWN_KNOBS)
     if unknown:
         raise KnobError(
