@@ -165,8 +165,8 @@ def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8", "surrogateescape"))
             f.flush()
             os.fsync(f.fileno())
         try:
@@ -836,7 +836,7 @@ def update_findings(spec: Any, study_name: str, records: Sequence[R.TrialRecord]
         except Exception as e:  # noqa: BLE001
             log.debug("findings: no study attrs (%s)", e)
     ctx = context_from_spec(spec, study_name, fingerprint, rules, confirmation)
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    old = path.read_bytes().decode("utf-8", "surrogateescape") if path.exists() else ""  # bytes kept as is
     section, _ = render_section(ctx, records, read_data_block(old))
     new = splice_section(old, section)
     if new != old:
