@@ -448,7 +448,9 @@ def _explain(message: str, args: Sequence[str], parser: argparse.ArgumentParser)
     return PreflightError(f"SGLang rejects the argv: {message}", argv=args)
 
 
-def check_server_args(args: Sequence[str], parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+def check_server_args(
+    args: Sequence[str], parser: argparse.ArgumentParser | None = None, strict: bool = True
+) -> argparse.Namespace:
     """Parse server args with SGLang's parser in this interpreter; return the namespace.
 
     Checks, in order: every option token is an exact option string; argparse accepts the
@@ -456,6 +458,8 @@ def check_server_args(args: Sequence[str], parser: argparse.ArgumentParser | Non
     algorithm ``SpeculativeAlgorithm.from_string`` knows (SGLang's parser has no choices for
     it and only fails at startup). SGLang's later resolution (``ServerArgs.resolve_once``)
     needs the model's config and ``transformers``, so it is not run here.
+    ``strict=False`` skips servesweep's own rules (exact option strings, no ``--config``)
+    and so accepts exactly what SGLang accepts before loading a model.
 
     Raises:
         PreflightError: the argv is rejected (message names the flag and the fix).
@@ -464,13 +468,14 @@ def check_server_args(args: Sequence[str], parser: argparse.ArgumentParser | Non
     args = [str(x) for x in args]
     if parser is None:
         parser, _ = _sglang_parser()
-    if "--config" in args:
+    if strict and "--config" in args:
         raise PreflightError(
             "--config merges a YAML file into the argv; servesweep renders explicit flags only",
             flag="--config",
             argv=args,
         )
-    _check_exact_options(parser, args)
+    if strict:
+        _check_exact_options(parser, args)
     try:
         ns = parser.parse_args(args)
     except _ParserError as e:
@@ -493,7 +498,9 @@ def check_server_args(args: Sequence[str], parser: argparse.ArgumentParser | Non
     return ns
 
 
-def _run_checker(python: str, cli_args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+def _run_checker(
+    python: str, cli_args: list[str], timeout_s: float, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m tasks.sglang_cli <cli_args>`` with this repo on PYTHONPATH (argv list)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -501,6 +508,7 @@ def _run_checker(python: str, cli_args: list[str], timeout_s: float) -> subproce
         return subprocess.run(
             [python, "-m", "tasks.sglang_cli", *cli_args],
             capture_output=True,
+            input=stdin,
             text=True,
             env=env,
             cwd=str(REPO_ROOT),
@@ -511,12 +519,14 @@ def _run_checker(python: str, cli_args: list[str], timeout_s: float) -> subproce
         raise SGLangUnavailable(f"checker {python!r} failed to run: {e}") from e
 
 
-def check_many(argvs: Sequence[Sequence[str]], python: str | None = None) -> list[dict[str, Any]]:
+def check_many(
+    argvs: Sequence[Sequence[str]], python: str | None = None, strict: bool = True
+) -> list[dict[str, Any]]:
     """Check several launch argvs at once; one result dict per argv.
 
     Each result is ``{"ok": bool, "error": str | None, "flag": str | None}``. In-process
     when SGLang is importable here, else with ``python`` in one subprocess (SGLang's import
-    costs ~4 s, so batching matters).
+    costs ~4 s, so batching matters). ``strict``: see :func:`check_server_args`.
 
     Raises:
         SGLangUnavailable: neither SGLang here nor a working ``python`` checker.
@@ -528,7 +538,9 @@ def check_many(argvs: Sequence[Sequence[str]], python: str | None = None) -> lis
                 "SGLang> (e.g. .contract-venv/bin/python, or the node's)"
             )
         payload = json.dumps([[str(x) for x in a] for a in argvs])
-        proc = _run_checker(python, ["check-argv", "--json", payload], timeout_s=300.0)
+        # The batch goes through stdin: one argv element is capped at 128 KiB on Linux.
+        cli = ["check-argv", "--json", "-"] + ([] if strict else ["--lenient"])
+        proc = _run_checker(python, cli, timeout_s=300.0, stdin=payload)
         if proc.returncode not in (EXIT_OK, EXIT_REJECTED):
             raise SGLangUnavailable(
                 f"checker {python} exited {proc.returncode}: {(proc.stdout + proc.stderr).strip()[-800:]}"
@@ -540,7 +552,7 @@ def check_many(argvs: Sequence[Sequence[str]], python: str | None = None) -> lis
     out: list[dict[str, Any]] = []
     for a in argvs:
         try:
-            check_server_args(server_args_of(a))
+            check_server_args(server_args_of(a), strict=strict)
             out.append({"ok": True, "error": None, "flag": None})
         except PreflightError as e:
             out.append({"ok": False, "error": str(e), "flag": e.flag})
@@ -581,7 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--table", action="store_true", help="use the version table even if SGLang is importable")
     f.add_argument("--json", action="store_true", help="machine-readable output")
     c = sub.add_parser("check-argv", help="check launch argv(s) with SGLang's parser (in this interpreter)")
-    c.add_argument("--json", required=True, dest="payload", help="JSON list of strings, or list of such lists")
+    c.add_argument("--json", required=True, dest="payload", help="JSON list of strings, or list of such lists; '-' reads it from stdin")
+    c.add_argument("--lenient", action="store_true", help="accept what SGLang accepts (prefixes, --config)")
     ns = ap.parse_args(argv)
 
     if ns.cmd == "flags":
@@ -594,14 +607,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{k:48s} {fs.flags.get(k, '-- not available --')}")
         return 0
 
-    payload = json.loads(ns.payload)
+    payload = json.loads(sys.stdin.read() if ns.payload == "-" else ns.payload)
     batch = payload if payload and all(isinstance(x, list) for x in payload) else [payload]
     try:
         _, version = _sglang_parser()
     except SGLangUnavailable as e:
         print(json.dumps({"error": str(e)}))
         return EXIT_NO_SGLANG
-    results = check_many(batch)
+    results = check_many(batch, strict=not ns.lenient)
     print(json.dumps({"sglang_version": version, "results": results}))
     return EXIT_OK if all(r["ok"] for r in results) else EXIT_REJECTED
 
