@@ -53,6 +53,12 @@ class SweepError(RuntimeError):
     """A sweep-level problem (unreachable Ray, unwritable store, changed space, ...)."""
 
 
+def _sweep_errors() -> tuple[type[BaseException], ...]:
+    from sweeps.cluster import RayUnavailable
+
+    return (SweepError, ConfigError, RayUnavailable)
+
+
 # ---------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------
@@ -161,11 +167,22 @@ class Driver:
     def setup(self) -> None:
         _ensure_writable(self.spec)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self._lock_study()
         self.study = open_study(self.spec, self.study_name)
         from sweeps.rules import RuleStore, load_implicated_knobs
 
         self.rules = RuleStore(self.spec.rules_db)
         self.implicated = load_implicated_knobs(Path(__file__).resolve().parent.parent / "conf" / "failure_knobs.yaml")
+        self._open_tracker()
+        self._start_ray()
+        self.fingerprint = self._node_fingerprint()
+        self._recover_stale()
+        # the trial budget is the study's: a resumed sweep continues where it stopped
+        self.launched = sum(1 for r in R.load_records(self.study) if r.launched and r.state != "RUNNING")
+        self._enqueue_seeds()
+
+    def _open_tracker(self) -> None:
+        """Open the MLflow experiment and the study's parent run (``self.tracker``; None when MLflow is down)."""
         self.tracker = None
         try:
             from sweeps.tracking import Tracker
@@ -177,12 +194,27 @@ class Driver:
                                       "objective": self.spec.sweep.objective})
         except Exception as e:  # noqa: BLE001 - MLflow down: the sweep goes on, sync catches up later
             log.warning("MLflow unavailable at start (%s); trials will be synced when it is back", e)
-        self._start_ray()
-        self.fingerprint = self._node_fingerprint()
-        self._recover_stale()
-        # the trial budget is the study's: a resumed sweep continues where it stopped
-        self.launched = sum(1 for r in R.load_records(self.study) if r.launched and r.state != "RUNNING")
-        self._enqueue_seeds()
+
+    def _lock_study(self) -> None:
+        """One driver per study on this store: a second one would fail the first's running
+        trials as stale. The lock (flock on ``<store>/locks/<study>.lock``) dies with the process.
+
+        Raises:
+            SweepError: another live driver holds the study.
+        """
+        import fcntl
+
+        d = self.spec.store_dir / "locks"
+        d.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(d / f"{self.study_name}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(self._lock_fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise SweepError(f"study {self.study_name!r} is being run by another driver (pid {holder}); wait for it, "
+                             f"or run a separate study with study_name=<name>") from None
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, str(os.getpid()).encode(), 0)
 
     def _start_ray(self) -> None:
         import ray
@@ -312,19 +344,23 @@ class Driver:
             self._tell_rule_skip(trial, rule)
             return True
         self.consecutive_skips = 0
+        self._launch(trial, params)
+        return True
+
+    def _launch(self, trial: optuna.trial.Trial, params: dict[str, Any]) -> None:
+        """Render a config's launch and submit it as a Ray task (an unrenderable config is told infeasible)."""
         try:
             argv, env, expected = render_launch(params, self.spec.node.model_dump(), self.spec.model.model_dump(),
                                                 self.backend)
         except ValueError as e:
             self._tell_skip(trial, "infeasible", violated=[str(e)])
-            return True
+            return
         tspec = TrialSpec(
             sweep=self.study_name, trial_number=trial.number, params=params, argv=argv, env=env,
             backend=self.spec.backend.kind, gpus=self.spec.gpus_per_trial, bench=self.spec.bench_spec(),
             timeouts=self.spec.timeouts(), container_name=self.spec.backend.container_name, expected_paths=expected,
         )
         self._submit(trial, params, tspec, attempt=1)
-        return True
 
     def _submit(self, trial: optuna.trial.Trial, params: dict[str, Any], tspec: TrialSpec, attempt: int) -> None:
         ref = self._trial_task.remote(tspec, self.profile, str(self.spec.store_dir / "work"))
@@ -722,8 +758,12 @@ def run(cfg: Any) -> float | None:
         if drv.interrupted:
             drv.interrupt()
         best = drv.finish()
-    except (SweepError, ConfigError) as e:
+    except _sweep_errors() as e:
         print(f"servesweep: {e}", file=sys.stderr)
+        sys.exit(1)
+    except optuna.exceptions.StorageInternalError as e:
+        print(f"servesweep: the Optuna storage {spec.optuna_storage} failed ({e.__cause__ or e}); finished trials "
+              f"are kept there. Fix the store and run the same command again to resume.", file=sys.stderr)
         sys.exit(1)
     finally:
         signal.signal(signal.SIGINT, prev)

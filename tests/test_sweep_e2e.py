@@ -4,6 +4,7 @@ as a subprocess (one ray.init per process), then resumed."""
 from __future__ import annotations
 
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -95,3 +96,22 @@ def test_bad_config_stops_before_ray(tmp_path):
     assert r.returncode == 2
     assert "sweep.params.allreduce.choices is empty" in r.stderr
     assert not (tmp_path / "store").exists()  # nothing created, Ray never started
+
+
+def test_second_driver_on_the_same_study_is_refused(tmp_path):
+    store = tmp_path / "store"
+    cmd = [sys.executable, str(REPO / "run_sweep.py"), *FAST, f"tracking.store_dir={store}",
+           f"tracking.findings_dir={store / 'findings'}", "sweep.budget.trials=1"]
+    first = subprocess.Popen(cmd, cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        lock = store / "locks" / "smoke.lock"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (lock.exists() and lock.read_text().strip()):
+            time.sleep(0.2)
+        assert lock.read_text().strip() == str(first.pid)
+        second = _run(store, ["sweep.budget.trials=1"], timeout=120)
+        assert second.returncode == 1
+        assert f"being run by another driver (pid {first.pid})" in second.stderr
+    finally:
+        first.wait(timeout=300)
+    assert first.returncode == 0
