@@ -120,6 +120,17 @@ class CircuitBreakerConfig(_Model):
     max_bad_fraction: float = Field(default=0.67, gt=0, le=1)
 
 
+class ConfirmConfig(_Model):
+    """Winner confirmation (sweeps/confirm.py): re-launch the top ``top_k`` configs and the
+    baseline ``repeats`` times each, report ``confidence`` t-intervals, require the greedy
+    output tokens to equal the baseline's. ``top_k: 0`` turns it off. Defaults: 3 x 5 (the
+    issue's spec; 5 repeats give a 95 % interval of about +-1.2 sd at 1-2 % noise)."""
+
+    top_k: int = Field(default=3, ge=0, le=20)
+    repeats: int = Field(default=5, ge=2, le=50)
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+
+
 class SweepConfig(_Model):
     """One sweep (conf/sweep/*.yaml): the study, its space, objective, baseline and budget."""
 
@@ -135,6 +146,7 @@ class SweepConfig(_Model):
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     circuit_breaker: CircuitBreakerConfig = Field(default_factory=CircuitBreakerConfig)
+    confirm: ConfirmConfig = Field(default_factory=ConfirmConfig)
     findings_path: str | None = None
     mode: Literal["search", "recheck"] = "search"
 

@@ -623,8 +623,11 @@ class Driver:
             self._record(f, TrialResult(status="interrupted", phase="bench", failure_signature="sweep interrupted (SIGINT)"))
 
     def finish(self) -> R.TrialRecord | None:
+        conf = self._confirm()
         recs = R.load_records(self.study)
         best = R.best_record(recs)
+        if conf.get("winner") is not None:  # the confirmed winner, not the luckiest single run
+            best = next((r for r in recs if r.number == conf["winner"]), best)
         base = R.baseline_value(recs)
         if self.tracker is not None and self.tracker.parent_run_id:
             try:
@@ -647,6 +650,21 @@ class Driver:
         self._write_findings(recs)
         self.progress.summary(recs, best, base, self.stop_reason, self.spec.findings_path)
         return best
+
+    def _confirm(self) -> dict[str, Any]:
+        """Re-measure the top configs with repeats (sweep.confirm); {} when off or interrupted."""
+        c = self.spec.sweep.confirm
+        if self.interrupted or c.top_k <= 0 or self.spec.sweep.mode != "search":
+            return {}
+        try:
+            from sweeps.confirm import confirm_top
+
+            return confirm_top(self, k=c.top_k, repeats=c.repeats, confidence=c.confidence) or {}
+        except ImportError:
+            return {}
+        except Exception as e:  # noqa: BLE001 - a confirmation problem never loses the sweep
+            log.error("winner confirmation failed: %s", e)
+            return {}
 
     def _run_id_of(self, number: int) -> str | None:
         assert self.tracker is not None

@@ -490,7 +490,8 @@ def _confirmation_lines(conf: Mapping[str, Any]) -> list[str]:
     for e in conf.get("entries", []):
         sp = e.get("speedup_mean")
         spci = e.get("speedup_ci") or [None, None]
-        tok = {True: "= baseline", False: "**differ**", None: "not compared"}[e.get("tokens_match")]
+        tok = "reference" if e.get("is_baseline") else {True: "= baseline", False: "**differ**",
+                                                          None: "not compared"}[e.get("tokens_match")]
         out.append("| " + " | ".join(_cell(x) for x in [
             f"t{e['trial']}" + (" (baseline)" if e.get("is_baseline") else ""), e.get("label", _cfg(e.get("config", {}))),
             f"{e.get('n', 0)}/{conf.get('repeats')}", _fmt(e.get("mean")),

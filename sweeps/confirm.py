@@ -1,0 +1,296 @@
+"""Confirm the winner before declaring it.
+
+``confirm_top(driver, k, repeats)`` re-launches the top ``k`` configs of the study and the
+baseline ``repeats`` times each through the driver's Ray trial task (fresh launches; the
+sweep's own single measurement is *not* reused, so the selection's luck -- the winner's
+curse -- does not carry over), and reports per config the mean decode tok/s with a
+t-distribution confidence interval (scipy), the speedup over the baseline's mean with
+its interval, and whether the greedy output token ids equal the baseline's for the same
+prompts. Speculative decoding is lossless: a config whose tokens differ is flagged
+``output_mismatch`` and cannot win however fast it is.
+
+The result is stored in the study user attribute ``confirmation`` (read by the findings
+document and the report) and the flagged trials get the user attribute
+``output_mismatch``.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import logging
+import math
+import time
+from typing import Any, Callable, Mapping
+
+from sweeps import records as R
+from tasks.types import TrialResult, TrialSpec
+
+log = logging.getLogger("servesweep.confirm")
+ATTR = "confirmation"
+MISMATCH_ATTR = "output_mismatch"
+# Confirmation runs use trial numbers CONFIRM_BASE + trial * 100 + repeat (work dirs and
+# the instant backend's noise seed); far above any study's trial numbers.
+CONFIRM_BASE = 10_000_000
+
+
+def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) of a two-sided Student-t interval for the mean.
+
+    Args:
+        values: measurements (tok/s); at least 2 for an interval.
+        confidence: e.g. 0.95.
+    Returns:
+        ``(mean, nan, nan)`` for fewer than 2 values; ``(mean, mean, mean)`` for zero spread.
+    """
+    from scipy import stats
+
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan"), float("nan")
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def ratio_interval(a: list[float], b: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Speedup mean(a)/mean(b) with a delta-method t interval (df = min(n) - 1, conservative).
+
+    Returns:
+        ``(ratio, low, high)``; NaN bounds with fewer than 2 values on either side.
+    """
+    from scipy import stats
+
+    if not a or not b:
+        return float("nan"), float("nan"), float("nan")
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    r = ma / mb
+    if len(a) < 2 or len(b) < 2:
+        return r, float("nan"), float("nan")
+    va = sum((x - ma) ** 2 for x in a) / (len(a) - 1) / len(a)
+    vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1) / len(b)
+    se = r * math.sqrt(va / ma**2 + vb / mb**2)
+    half = float(stats.t.ppf((1 + confidence) / 2, min(len(a), len(b)) - 1)) * se
+    return r, r - half, r + half
+
+
+def _outputs(res: TrialResult) -> list[list[int]]:
+    """Greedy output token ids per measured request (request index = prompt index)."""
+    return [list(b.get("output_ids") or []) for b in (res.bench or [])]
+
+
+def compare_tokens(base: list[list[list[int]]], runs: list[list[list[int]]]) -> tuple[bool | None, str]:
+    """Compare output ids of a config's runs with the baseline's, prompt by prompt.
+
+    Args:
+        base / runs: per run, per request index, the output token ids.
+    Returns:
+        ``(None, reason)`` when either side has no token ids (e.g. the instant backend),
+        ``(True, "")`` when every compared request matches, else ``(False, detail)`` naming
+        the first differing request and token position.
+    """
+    ref: dict[int, list[int]] = {}
+    for run in base:
+        for i, ids in enumerate(run):
+            if ids and i not in ref:
+                ref[i] = ids
+    if not ref:
+        return None, "baseline returned no token ids"
+    compared = 0
+    for run in runs:
+        for i, ids in enumerate(run):
+            if not ids or i not in ref:
+                continue
+            compared += 1
+            if ids != ref[i]:
+                pos = next((j for j, (x, y) in enumerate(zip(ids, ref[i])) if x != y), min(len(ids), len(ref[i])))
+                got = ids[pos] if pos < len(ids) else None
+                exp = ref[i][pos] if pos < len(ref[i]) else None
+                return False, f"prompt {i}: first difference at output token {pos} (baseline {exp}, got {got})"
+    if not compared:
+        return None, "no token ids to compare"
+    return True, ""
+
+
+def _label(params: Mapping[str, Any]) -> str:
+    from sweeps.tracking import run_name
+
+    return run_name(R.TrialRecord(number=0, state="", params=dict(params), status="ok")).split(" ", 1)[1]
+
+
+def candidates(records: list[R.TrialRecord], k: int) -> tuple[list[R.TrialRecord], R.TrialRecord | None]:
+    """(top ``k`` distinct ok configs by objective that ran the path they name, the baseline trial)."""
+    ok = sorted((r for r in records if r.status == "ok" and r.value is not None and r.duplicate_of is None
+                 and R.counts_for_level(r)), key=lambda r: -r.value)
+    top: list[R.TrialRecord] = []
+    seen: set[str] = set()
+    for r in ok:
+        key = R.config_key(r.params)
+        if key not in seen:
+            seen.add(key)
+            top.append(r)
+        if len(top) >= k:
+            break
+    base = next((r for r in records if r.is_baseline and r.status == "ok"), None)
+    return top, base
+
+
+def confirm_top(driver: Any, k: int = 3, repeats: int = 5, confidence: float = 0.95,
+                extra_env: Mapping[str, Mapping[str, str]] | Callable[[dict], Mapping[str, str]] | None = None,
+                force: bool = False) -> dict[str, Any]:
+    """Re-measure the top ``k`` configs and the baseline ``repeats`` times; pick the winner.
+
+    Args:
+        driver: a set-up :class:`sweeps.driver.Driver` (uses its study, spec, profile,
+            ``_trial_task``, ``ray`` and ``max_inflight``).
+        k: configs to confirm (0 = skip).  repeats: fresh launches per config (>= 2 for an interval).
+        confidence: interval level (0.95).
+        extra_env: extra server environment per config (``{config_key: env}`` or a function
+            of the params), e.g. ``{"SERVESWEEP_EMULATOR_FAULT": "corrupt_tokens"}`` in tests.
+        force: re-run even when the study holds a confirmation of the same candidates.
+    Returns:
+        ``{"top_k", "repeats", "confidence", "candidates", "baseline_trial", "entries": [{"trial",
+        "config", "label", "is_baseline", "values" (tok/s), "n", "mean", "ci_low", "ci_high",
+        "speedup_mean", "speedup_ci", "tokens_match", "mismatch_detail", "failures", "verdict"}],
+        "winner" (trial number or None), "winner_note", "date", "wall_s"}``; {} when
+        there is nothing to confirm.
+    """
+    recs = R.load_records(driver.study)
+    top, base = candidates(recs, k)
+    if k <= 0 or not top:
+        return {}
+    todo: list[tuple[R.TrialRecord, bool]] = ([(base, True)] if base is not None else []) + \
+        [(r, False) for r in top if base is None or r.number != base.number]
+    cand_ids = [r.number for r, _ in todo]
+    old = driver.study.user_attrs.get(ATTR)
+    if not force and old and old.get("candidates") == cand_ids and old.get("repeats") == repeats:
+        log.info("confirmation of trials %s already done; reusing it", cand_ids)
+        return old
+    t0 = time.monotonic()
+    spec = driver.spec
+    from tasks.knobs import render_launch
+
+    jobs: list[tuple[int, int, TrialSpec, Any]] = []
+    for idx, (r, _) in enumerate(todo):
+        argv, env, expected = render_launch(r.params, spec.node.model_dump(), spec.model.model_dump(), driver.backend)
+        env = dict(env)
+        if extra_env is not None:
+            env.update(extra_env(r.params) if callable(extra_env) else extra_env.get(R.config_key(r.params), {}))
+        for rep in range(repeats):
+            ts = TrialSpec(sweep=f"{driver.study_name}-confirm", trial_number=CONFIRM_BASE + r.number * 100 + rep,
+                           params=r.params, argv=argv, env=env, backend=spec.backend.kind, gpus=spec.gpus_per_trial,
+                           bench=spec.bench_spec(), timeouts=spec.timeouts(), container_name=spec.backend.container_name,
+                           expected_paths=expected)
+            prof = None
+            if driver.profile is not None:  # a fresh launch draws fresh run-to-run noise
+                prof = copy.deepcopy(driver.profile)
+                prof["emulator"]["seed"] = int(prof["emulator"].get("seed") or 0) + 7919 * (rep + 1) + 104_729 * r.number
+            jobs.append((idx, rep, ts, prof))
+    results: dict[int, list[TrialResult]] = {i: [] for i in range(len(todo))}
+    pending = list(jobs)
+    inflight: dict[Any, int] = {}
+    workdir = str(spec.store_dir / "work")
+    limit = max(1, int(getattr(driver, "max_inflight", 1)))
+    log.info("confirming %d config(s) x %d repeats (%d launches)", len(todo), repeats, len(jobs))
+    while pending or inflight:
+        while pending and len(inflight) < limit and not getattr(driver, "interrupted", False):
+            idx, rep, ts, prof = pending.pop(0)
+            inflight[driver._trial_task.remote(ts, prof, workdir)] = idx
+        if not inflight:
+            break
+        ready, _ = driver.ray.wait(list(inflight), num_returns=1, timeout=1.0)
+        for ref in ready:
+            idx = inflight.pop(ref)
+            try:
+                res = driver.ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - infra: the run counts as missing
+                res = TrialResult(status="infra_error", failure_class="node_lost", failure_signature=str(e)[:200])
+            results[idx].append(res)
+        if getattr(driver, "interrupted", False) and not pending:
+            for ref in list(inflight):
+                try:
+                    driver.ray.cancel(ref)
+                except Exception:  # noqa: BLE001
+                    pass
+            inflight.clear()
+    if getattr(driver, "interrupted", False):
+        log.warning("confirmation interrupted; nothing stored")
+        return {}
+    out = summarize(todo, results, repeats, confidence, spec.sweep.objective)
+    out.update(top_k=k, candidates=cand_ids, date=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+               wall_s=round(time.monotonic() - t0, 2))
+    _store(driver.study, out)
+    return out
+
+
+def summarize(todo: list[tuple[R.TrialRecord, bool]], results: Mapping[int, list[TrialResult]], repeats: int,
+              confidence: float, objective: str = "decode_tok_s") -> dict[str, Any]:
+    """Statistics, token comparison, verdicts and the winner (pure; see :func:`confirm_top`)."""
+    base_idx = next((i for i, (_, b) in enumerate(todo) if b), None)
+    ok_vals = {i: [float(x.metrics[objective]) for x in rs if x.status == "ok" and objective in x.metrics
+                   and math.isfinite(float(x.metrics[objective]))] for i, rs in results.items()}
+    outs = {i: [_outputs(x) for x in rs if x.status == "ok"] for i, rs in results.items()}
+    entries: list[dict[str, Any]] = []
+    for i, (r, is_base) in enumerate(todo):
+        vals = ok_vals.get(i, [])
+        mean, lo, hi = t_interval(vals, confidence)
+        e: dict[str, Any] = {"trial": r.number, "config": r.params, "label": _label(r.params), "is_baseline": is_base,
+                             "sweep_value": r.value, "values": [round(v, 4) for v in vals], "n": len(vals),
+                             "mean": mean, "ci_low": lo, "ci_high": hi,
+                             "failures": sorted({x.failure_class or x.status for x in results.get(i, []) if x.status != "ok"})}
+        if base_idx is not None and ok_vals.get(base_idx):
+            sp, slo, shi = ratio_interval(vals, ok_vals[base_idx], confidence)
+            e.update(speedup_mean=sp, speedup_ci=[slo, shi])
+        if is_base:
+            e["tokens_match"], e["mismatch_detail"] = None, "reference"
+        elif base_idx is None or not outs.get(base_idx):
+            e["tokens_match"], e["mismatch_detail"] = None, "no baseline token ids"
+        else:
+            e["tokens_match"], e["mismatch_detail"] = compare_tokens(outs[base_idx], outs.get(i, []))
+        entries.append(e)
+    eligible = [e for e in entries if e["n"] >= 1 and e["tokens_match"] is not False and math.isfinite(e["mean"])]
+    eligible.sort(key=lambda e: -e["mean"])
+    winner = eligible[0] if eligible else None
+    for e in entries:
+        if e["tokens_match"] is False:
+            e["verdict"] = "output_mismatch: cannot win"
+        elif e["n"] == 0:
+            e["verdict"] = "failed on re-run: " + ", ".join(e["failures"])
+        elif e is winner:
+            e["verdict"] = "winner"
+        else:
+            e["verdict"] = f"#{eligible.index(e) + 1}" if e in eligible else ""
+    note = ""
+    if winner is None:
+        note = "No config passed the confirmation (all failed on re-run or changed the output)."
+    else:
+        ru = eligible[1] if len(eligible) > 1 else None
+        parts = [f"Winner t{winner['trial']}: {winner['mean']:.1f} tok/s mean over {winner['n']} runs."]
+        if ru is not None and math.isfinite(winner["ci_low"]) and math.isfinite(ru["ci_high"]) \
+                and winner["ci_low"] <= ru["ci_high"]:
+            parts.append(f"Its {confidence * 100:.0f} % interval overlaps t{ru['trial']}'s "
+                         f"({ru['mean']:.1f} tok/s): the two are not distinguishable at this many repeats.")
+        spci = winner.get("speedup_ci") or [float("nan")] * 2
+        if not winner["is_baseline"] and math.isfinite(spci[0]) and spci[0] <= 1.0:
+            parts.append("Its speedup interval includes 1.0: not distinguishable from the baseline.")
+        sweep_best = max(todo, key=lambda t: t[0].value or 0)[0]
+        if sweep_best.number != winner["trial"]:
+            parts.append(f"The sweep's single best measurement (t{sweep_best.number}, {sweep_best.value:.1f} tok/s) "
+                         "did not hold up under repeats.")
+        note = " ".join(parts)
+    return {"repeats": repeats, "confidence": confidence,
+            "baseline_trial": todo[base_idx][0].number if base_idx is not None else None,
+            "entries": entries, "winner": winner["trial"] if winner else None, "winner_note": note}
+
+
+def _store(study: Any, out: dict[str, Any]) -> None:
+    import json
+
+    study.set_user_attr(ATTR, json.loads(json.dumps(out, default=str).replace("NaN", "null")))
+    bad = {e["trial"] for e in out["entries"] if e.get("tokens_match") is False}
+    for t in study.get_trials(deepcopy=False):
+        if t.number in bad:
+            study._storage.set_trial_user_attr(t._trial_id, MISMATCH_ATTR, True)

@@ -1,0 +1,351 @@
+"""Plots of a study, and ``python -m sweeps.report <sweep>``: rebuild the findings document
+and the plots from storage alone (no Ray), then re-log them to the MLflow parent run.
+
+Plots (PNG via matplotlib, Agg backend; plus Optuna's interactive HTML where it exists):
+
+* ``optimization_history.png`` — objective per trial, best so far, the baseline, failures.
+* ``param_importances.png`` — Optuna's fANOVA importances over completed trials.
+* ``toks_by_allreduce_speculation.png`` — tok/s of every ok trial by allreduce backend,
+  coloured by speculation; levels that failed are labelled with their failure class.
+* ``failures_by_class.png`` — launched failures and skips without GPU time, per class.
+* ``eagle_draft_acceptance.png`` — EAGLE draft tokens vs acceptance length vs tok/s.
+* ``optimization_history.html``, ``param_importances.html`` — Optuna's plotly figures
+  (plotly.js loaded from its CDN to keep the artifacts small).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from sweeps import records as R
+
+log = logging.getLogger("servesweep.report")
+SPEC_COLORS = {"none": "#1f77b4", "eagle3": "#d62728"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
+def plot_history(recs: list[R.TrialRecord], path: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ok = [r for r in recs if r.status == "ok" and r.value is not None and r.duplicate_of is None]
+    good = [r for r in ok if R.counts_for_level(r)]
+    deg = [r for r in ok if not R.counts_for_level(r)]
+    for spec in sorted({r.params.get("speculative", "none") for r in good}):
+        rs = [r for r in good if r.params.get("speculative", "none") == spec]
+        ax.scatter([r.number for r in rs], [r.value for r in rs], s=22, label=f"ok ({spec})",
+                   color=SPEC_COLORS.get(str(spec)))
+    if deg:
+        ax.scatter([r.number for r in deg], [r.value for r in deg], marker="^", s=30, color="grey",
+                   label=f"{R.DEGRADED} (not credited)")
+    best, xs, ys = None, [], []
+    for r in sorted(good, key=lambda r: r.number):
+        best = r.value if best is None else max(best, r.value)
+        xs.append(r.number)
+        ys.append(best)
+    if xs:
+        ax.step(xs, ys, where="post", color="black", lw=1.2, label="best so far")
+    base = R.baseline_value(recs)
+    if base:
+        ax.axhline(base, ls="--", color="green", lw=1, label=f"baseline {base:.1f}")
+    failed = [r for r in recs if r.status in ("failed", "infra_error") and r.duplicate_of is None]
+    if failed:
+        y0 = min([r.value for r in ok] or [0.0]) * 0.95 if ok else 0.0
+        ax.scatter([r.number for r in failed], [y0] * len(failed), marker="x", color="red", s=25,
+                   label=f"failed ({len(failed)})")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("decode tok/s (batch 1)")
+    ax.set_title("optimization history")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _save(fig, path)
+
+
+def plot_importances(study: optuna.Study, path: Path) -> Path | None:
+    try:
+        imp = optuna.importance.get_param_importances(study)
+    except Exception as e:  # noqa: BLE001 - too few completed trials / a single-valued space
+        log.info("param importances unavailable: %s", e)
+        return None
+    if not imp:
+        return None
+    plt = _plt()
+    names = list(imp)[::-1]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.2))
+    ax.barh(names, [imp[n] for n in names], color="#4c72b0")
+    ax.set_xlabel("importance (fANOVA, completed trials)")
+    ax.set_title("parameter importances")
+    return _save(fig, path)
+
+
+def plot_by_allreduce(recs: list[R.TrialRecord], path: Path, space_levels: list[Any] | None = None) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    levels = list(space_levels or [])
+    for r in recs:
+        lv = r.params.get("allreduce")
+        if lv is not None and lv not in levels:
+            levels.append(lv)
+    levels = levels or ["(none)"]
+    specs = sorted({str(r.params.get("speculative", "none")) for r in recs} | {"none"})
+    width = 0.8 / max(len(specs), 1)
+    ok = [r for r in recs if r.status == "ok" and r.value is not None and r.duplicate_of is None]
+    top = max([r.value for r in ok] or [1.0])
+    for j, spec in enumerate(specs):
+        for i, lv in enumerate(levels):
+            rs = [r for r in ok if r.params.get("allreduce") == lv and str(r.params.get("speculative", "none")) == spec]
+            x = i - 0.4 + width * (j + 0.5)
+            good = [r.value for r in rs if R.counts_for_level(r)]
+            deg = [r.value for r in rs if not R.counts_for_level(r)]
+            if good:
+                ax.bar(x, max(good), width=width * 0.9, color=SPEC_COLORS.get(spec, None), alpha=0.35)
+                ax.scatter([x] * len(good), good, color=SPEC_COLORS.get(spec, None), s=14, zorder=3)
+            if deg:
+                ax.scatter([x] * len(deg), deg, marker="^", color="grey", s=22, zorder=3)
+    for i, lv in enumerate(levels):
+        rs = [r for r in recs if r.params.get("allreduce") == lv and r.duplicate_of is None]
+        if any(r.status == "ok" and R.counts_for_level(r) for r in rs):
+            continue
+        if any(r.status == "ok" for r in rs):
+            label = "falls back to NCCL"
+        else:
+            c = Counter(r.failure_class for r in rs if r.failure_class)
+            label = c.most_common(1)[0][0] if c else "untried"
+        ax.text(i, top * 0.5, label, rotation=90, ha="center", va="center", fontsize=7, color="firebrick")
+    ax.set_xticks(range(len(levels)))
+    ax.set_xticklabels([str(v) for v in levels])
+    handles = [plt.Rectangle((0, 0), 1, 1, color=SPEC_COLORS.get(s, "C0"), alpha=0.5) for s in specs]
+    ax.legend(handles, [f"speculative={s}" for s in specs], fontsize=8)
+    ax.set_ylabel("decode tok/s (best bar, every trial dot)")
+    ax.set_title("tok/s by allreduce backend and speculation")
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_failures(recs: list[R.TrialRecord], path: Path) -> Path:
+    plt = _plt()
+    launched: Counter = Counter()
+    skipped: Counter = Counter()
+    for r in recs:
+        if r.duplicate_of is not None:
+            continue
+        if r.status in ("failed", "infra_error", "interrupted"):
+            launched[r.failure_class or r.status] += 1
+        elif r.status == "skipped" and r.failure_class:
+            skipped[r.failure_class] += 1
+        elif r.status == "ok" and not R.counts_for_level(r):
+            launched[R.DEGRADED] += 1
+    classes = sorted(set(launched) | set(skipped), key=lambda c: launched[c] + skipped[c])
+    fig, ax = plt.subplots(figsize=(9, 0.45 * max(len(classes), 1) + 1.5))
+    if classes:
+        ax.barh(classes, [launched[c] for c in classes], color="firebrick", label="launched (GPU time spent)")
+        ax.barh(classes, [skipped[c] for c in classes], left=[launched[c] for c in classes], color="lightgrey",
+                label="skipped by a known dead end (no GPU time)")
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no failures", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("trials")
+    ax.set_title("failures by class")
+    return _save(fig, path)
+
+
+def plot_eagle(recs: list[R.TrialRecord], path: Path) -> Path:
+    plt = _plt()
+    rs = [r for r in recs if r.status == "ok" and r.value is not None and r.duplicate_of is None
+          and r.params.get("speculative") == "eagle3" and r.params.get("eagle_num_draft_tokens") is not None]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.2))
+    if rs:
+        d = [r.params["eagle_num_draft_tokens"] for r in rs]
+        acc = [r.metrics.get("accept_length", float("nan")) for r in rs]
+        tok = [r.value for r in rs]
+        sc = a1.scatter(d, acc, c=tok, cmap="viridis", s=40)
+        fig.colorbar(sc, ax=a1, label="decode tok/s")
+        a2.scatter(acc, tok, c=d, cmap="plasma", s=40)
+        for r, x, y in zip(rs, acc, tok):
+            a2.annotate(f"{r.params.get('eagle_num_steps')}/{r.params.get('eagle_topk')}/{r.params['eagle_num_draft_tokens']}",
+                        (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        base = R.baseline_value(recs)
+        if base:
+            a2.axhline(base, ls="--", color="green", lw=1, label=f"baseline {base:.1f}")
+            a2.legend(fontsize=8)
+    else:
+        for a in (a1, a2):
+            a.text(0.5, 0.5, "no successful EAGLE-3 trials", ha="center", va="center", transform=a.transAxes)
+    a1.set_xlabel("EAGLE draft tokens")
+    a1.set_ylabel("acceptance length (tokens / verify)")
+    a2.set_xlabel("acceptance length")
+    a2.set_ylabel("decode tok/s")
+    a2.set_title("labels: steps/topk/draft tokens", fontsize=8)
+    fig.suptitle("EAGLE-3 draft length vs acceptance length vs tok/s")
+    return _save(fig, path)
+
+
+def _optuna_html(study: optuna.Study, out: Path) -> list[Path]:
+    paths: list[Path] = []
+    figs = [("optimization_history.html", lambda: optuna.visualization.plot_optimization_history(study)),
+            ("param_importances.html", lambda: optuna.visualization.plot_param_importances(study))]
+    for name, make in figs:
+        try:
+            fig = make()
+            p = out / name
+            fig.write_html(str(p), include_plotlyjs="cdn")
+            paths.append(p)
+        except Exception as e:  # noqa: BLE001 - plotly missing or too few trials
+            log.info("%s unavailable: %s", name, e)
+    return paths
+
+
+def write_plots(study: optuna.Study, out_dir: Path, allreduce_levels: list[Any] | None = None) -> list[Path]:
+    """Write the study's plots into ``out_dir`` (created) and return their paths.
+
+    Args:
+        study: the Optuna study (records read from its user attributes).
+        out_dir: directory for the PNG and HTML files.
+        allreduce_levels: every allreduce level of the space (so untried ones show up);
+            default: the levels seen in the trials.
+    Returns:
+        The written files: 4–5 PNGs (importances need ≥ 2 completed trials) plus Optuna's
+        HTML figures where they can be built.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    recs = R.load_records(study)
+    if allreduce_levels is None:
+        for d in (t.distributions.get("allreduce") for t in study.get_trials(deepcopy=False)):
+            if d is not None:
+                allreduce_levels = list(d.choices)
+                break
+    paths = [plot_history(recs, out_dir / "optimization_history.png")]
+    imp = plot_importances(study, out_dir / "param_importances.png")
+    if imp:
+        paths.append(imp)
+    paths.append(plot_by_allreduce(recs, out_dir / "toks_by_allreduce_speculation.png", allreduce_levels))
+    paths.append(plot_failures(recs, out_dir / "failures_by_class.png"))
+    paths.append(plot_eagle(recs, out_dir / "eagle_draft_acceptance.png"))
+    paths += _optuna_html(study, out_dir)
+    return paths
+
+
+# ---------------------------------------------------------------------------------------
+# CLI: rebuild from storage
+# ---------------------------------------------------------------------------------------
+def spec_for_study(study_name: str, store_dir: str | None, overrides: list[str]) -> Any:
+    """Compose the sweep config the study was run with (its ``sweep``/``node``/``model``/
+    ``backend`` user attrs pick the Hydra groups) plus ``overrides``.
+
+    Raises:
+        SystemExit(2): the study does not exist or its search space differs from the config.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from sweeps.config import REPO_ROOT, load_spec
+
+    store = Path(store_dir).resolve() if store_dir else REPO_ROOT / "mlflow"
+    storage = f"sqlite:///{store / 'optuna.db'}"
+    if not (store / "optuna.db").exists():
+        sys.exit(f"servesweep report: no Optuna storage at {store / 'optuna.db'}; pass --store-dir")
+    try:
+        summaries = optuna.get_all_study_summaries(storage)
+    except Exception as e:  # noqa: BLE001
+        sys.exit(f"servesweep report: cannot read {storage}: {e}")
+    match = next((s for s in summaries if s.study_name == study_name), None)
+    if match is None:
+        names = sorted(s.study_name for s in summaries)
+        sys.exit(f"servesweep report: no study {study_name!r} in {storage}; studies: {names}")
+    attrs = match.user_attrs
+    groups = [f"{g}={attrs[g]}" for g in ("sweep", "node", "model", "backend") if attrs.get(g)]
+    conf_dir = REPO_ROOT / "conf"
+    groups = [g for g in groups if (conf_dir / g.split("=")[0] / f"{g.split('=')[1]}.yaml").exists()]
+    ov = [*groups, f"tracking.store_dir={store}", f"study_name={study_name}", *overrides]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = compose("config", overrides=ov)
+    finally:
+        GlobalHydra.instance().clear()
+    spec = load_spec(cfg)
+    from sweeps.driver import SPACE_ATTR, space_signature
+
+    if attrs.get(SPACE_ATTR) and attrs[SPACE_ATTR] != space_signature(spec):
+        sys.exit(f"servesweep report: study {study_name!r} was run with another search space than "
+                 f"conf/sweep/{attrs.get('sweep')}.yaml; pass the same sweep.* overrides as the sweep")
+    return spec
+
+
+def rebuild(spec: Any, study_name: str, log_to_mlflow: bool = True) -> tuple[Path, list[Path]]:
+    """Rewrite the findings document and the plots from storage; re-log them to the MLflow
+    parent run when it exists. Returns ``(findings path, plot paths)``."""
+    from sweeps.findings import update_findings
+    from sweeps.rules import RuleStore
+
+    study = optuna.load_study(study_name=study_name, storage=spec.optuna_storage)
+    recs = R.load_records(study)
+    fp = next((r.fingerprint for r in reversed(recs) if r.fingerprint and "error" not in r.fingerprint), {})
+    rules = RuleStore(spec.rules_db)
+    try:
+        doc = update_findings(spec, study_name, recs, fp, rules)
+    finally:
+        rules.close()
+    levels = None
+    for p in spec.space.params:
+        if p.name == "allreduce":
+            levels = list(p.levels())
+    plots = write_plots(study, spec.store_dir / "reports" / study_name, levels)
+    parent = study.user_attrs.get("mlflow_parent_run_id")
+    if log_to_mlflow and parent:
+        from mlflow.tracking import MlflowClient
+
+        from sweeps.tracking import retry
+
+        c = MlflowClient(tracking_uri=spec.mlflow_uri)
+        try:
+            retry(lambda: c.log_artifact(parent, str(doc)), "log findings")
+            for p in plots:
+                retry(lambda p=p: c.log_artifact(parent, str(p), "plots"), "log plot")
+        except Exception as e:  # noqa: BLE001
+            print(f"servesweep report: could not log to MLflow ({e}); files are on disk", file=sys.stderr)
+    return doc, plots
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sweeps.report <study> [--store-dir DIR] [--no-mlflow] [hydra overrides...]``."""
+    ap = argparse.ArgumentParser(prog="python -m sweeps.report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("study", help="the sweep's study name (default study name = sweep name)")
+    ap.add_argument("--store-dir", default=None, help="tracking store dir (default <repo>/mlflow)")
+    ap.add_argument("--no-mlflow", action="store_true", help="do not re-log to the MLflow parent run")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. tracking.findings_dir=/tmp/f")
+    a = ap.parse_intermixed_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = spec_for_study(a.study, a.store_dir, a.overrides)
+    doc, plots = rebuild(spec, a.study, log_to_mlflow=not a.no_mlflow)
+    print(f"findings: {doc}")
+    for p in plots:
+        print(f"plot: {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
