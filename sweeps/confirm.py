@@ -10,8 +10,7 @@ prompts. Speculative decoding is lossless: a config whose tokens differ is flagg
 ``output_mismatch`` and cannot win however fast it is.
 
 The result is stored in the study user attribute ``confirmation`` (read by the findings
-document and the report) and the flagged trials get the user attribute
-``output_mismatch``.
+document and the report); :func:`mismatched_trials` lists the flagged trials.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from tasks.types import TrialResult, TrialSpec
 
 log = logging.getLogger("servesweep.confirm")
 ATTR = "confirmation"
-MISMATCH_ATTR = "output_mismatch"
 # Confirmation runs use trial numbers CONFIRM_BASE + trial * 100 + repeat (work dirs and
 # the instant backend's noise seed); far above any study's trial numbers.
 CONFIRM_BASE = 10_000_000
@@ -289,8 +287,10 @@ def summarize(todo: list[tuple[R.TrialRecord, bool]], results: Mapping[int, list
 def _store(study: Any, out: dict[str, Any]) -> None:
     import json
 
+    # finished Optuna trials are immutable: the per-trial flags live in this study attribute
     study.set_user_attr(ATTR, json.loads(json.dumps(out, default=str).replace("NaN", "null")))
-    bad = {e["trial"] for e in out["entries"] if e.get("tokens_match") is False}
-    for t in study.get_trials(deepcopy=False):
-        if t.number in bad:
-            study._storage.set_trial_user_attr(t._trial_id, MISMATCH_ATTR, True)
+
+
+def mismatched_trials(confirmation: Mapping[str, Any] | None) -> set[int]:
+    """Trial numbers flagged ``output_mismatch`` by a stored confirmation."""
+    return {e["trial"] for e in (confirmation or {}).get("entries", []) if e.get("tokens_match") is False}
