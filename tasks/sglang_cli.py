@@ -582,7 +582,8 @@ def preflight_argv(argv: list[str], python: str | None = None) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``flags [--version V] [--json]`` | ``check-argv --json '<argv | [argv, ...]>'``.
 
-    ``check-argv`` prints ``{"sglang_version": ..., "results": [{"ok", "error", "flag"}]}``
+    ``check-argv`` prints ``{"sglang_version": ..., "flags": <FlagSet.to_dict()>,
+    "results": [{"ok", "error", "flag"}]}``
     and exits 0 when every argv is accepted, 1 when any is rejected, 3 when SGLang is not
     importable in this interpreter.
     """
@@ -615,7 +616,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": str(e)}))
         return EXIT_NO_SGLANG
     results = check_many(batch, strict=not ns.lenient)
-    print(json.dumps({"sglang_version": version, "results": results}))
+    flags = resolve_flags().to_dict()
+    print(json.dumps({"sglang_version": version, "flags": flags, "results": results}))
     return EXIT_OK if all(r["ok"] for r in results) else EXIT_REJECTED
 
 
