@@ -108,9 +108,61 @@ def estimate_gpu_hours(profile: dict, trials: Iterable[tuple[list[str], dict]], 
     return sum(simulate(profile, a, e, bench, seed + i)["gpu_s"] for i, (a, e) in enumerate(trials)) / 3600.0
 
 
+def estimate_sweep(profile: dict, configs_argv_env: Iterable[tuple[list[str], dict]], bench: BenchSpec,
+                   seed: int = 0) -> dict[str, Any]:
+    """What launching each (argv, env) once would cost on the real node (time_scale 1).
+
+    Every config is run through ``simulate`` (same model as the emulated server): an ok
+    config costs startup + warmup/bench + teardown, a failing one its time to failure +
+    teardown, each × the GPUs it holds (tp × dp). Noise does not change the cost.
+
+    Args:
+        profile: from ``build_profile``.
+        configs_argv_env: (SGLang argv, server env) pairs, e.g. a sample of a sweep's space.
+        bench: the benchmark each trial runs.
+        seed: base seed (config i uses seed + i).
+
+    Returns:
+        ``{"n": configs, "gpu_s": [per config, GPU-seconds], "mean_gpu_s", "mean_gpu_s_ok" (over
+        the configs that serve), "failure_class": [per config, None when it serves],
+        "perf_tags": [per config, e.g. ["allreduce_path_degraded"]], "total_gpu_hours",
+        "wall_s": [per config, s: startup + bench + teardown], "mean_wall_s", "mean_startup_s",
+        "failed_fraction", "failure_classes": {class: count}}``; means are 0.0 when ``n`` is 0.
+    """
+    gpu_s: list[float] = []
+    ok_gpu_s: list[float] = []
+    classes: list[str | None] = []
+    tags: list[list[str]] = []
+    wall: list[float] = []
+    startup: list[float] = []
+    fails: dict[str, int] = {}
+    for i, (argv, env) in enumerate(configs_argv_env):
+        out = simulate(profile, list(argv), dict(env or {}), bench, seed + i)
+        teardown = float(profile["node"]["emulator"]["startup"]["teardown_s"])
+        gpu_s.append(float(out["gpu_s"]))
+        wall.append(float(out["startup_s"]) + float(out["bench_s"]) + teardown)
+        startup.append(float(out["startup_s"]))
+        classes.append(None if out["status"] == "ok" else str(out["failure_class"]))
+        tags.append(list(out["perf_tags"]))
+        if out["status"] == "ok":
+            ok_gpu_s.append(float(out["gpu_s"]))
+        else:
+            fails[str(out["failure_class"])] = fails.get(str(out["failure_class"]), 0) + 1
+    n = len(gpu_s)
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs) if xs else 0.0
+
+    return {"n": n, "gpu_s": gpu_s, "mean_gpu_s": mean(gpu_s), "mean_gpu_s_ok": mean(ok_gpu_s),
+            "failure_class": classes, "perf_tags": tags, "wall_s": wall,
+            "total_gpu_hours": sum(gpu_s) / 3600.0,
+            "mean_wall_s": mean(wall), "mean_startup_s": mean(startup),
+            "failed_fraction": (sum(fails.values()) / n) if n else 0.0, "failure_classes": fails}
+
+
 def predict(profile: dict, argv: list[str], env: dict | None = None, **kw):
     """Convenience: the raw ``Prediction`` for argv/env (see ``tasks.emulator.model.evaluate``)."""
     return evaluate_argv(profile, argv, env or {}, **kw)
 
 
-__all__ = ["simulate", "estimate_gpu_hours", "predict", "evaluate"]
+__all__ = ["simulate", "estimate_gpu_hours", "estimate_sweep", "predict", "evaluate"]
