@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: venv sweep test test-all ui contract-env clean-store
+.PHONY: venv sweep test test-fast ui contract-env
 
 # (Re)create the virtualenv whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -19,8 +19,16 @@ venv: $(STAMP)
 sweep: $(STAMP)
 	$(PY) run_sweep.py $(ARGS)
 
-test: $(STAMP)
+# SGLang 0.5.23's real parser in its own venv (CPU torch) for the contract tests.
+contract-env:
+	PYTHON=$(PYTHON) scripts/contract_env.sh
+
+test: $(STAMP) contract-env
 	$(PY) -m pytest -q $(ARGS)
+
+# Quick loop while developing: skip the slow end-to-end cases.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 ui: $(STAMP)
 	$(PY) -m sweeps.ui

@@ -223,14 +223,13 @@ class Driver:
 
         self.ray = ray
         start_ray(self.spec)
-        total = int(ray.cluster_resources().get("GPU", 0))
-        per = self.spec.gpus_per_trial
-        if total < per:
-            raise SweepError(
-                f"the Ray cluster has {total} GPU(s) but a trial needs {per} (TP); "
-                f"set ray.num_gpus (local) or point ray.address at a cluster with GPUs"
-            )
-        self.max_inflight = self.spec.ray.max_in_flight or max(1, total // per)
+        from sweeps.cluster import explain_no_slots, trial_slots
+
+        slots, per_node = trial_slots(self.spec)  # packed node by node, pinning respected
+        if slots < 1:
+            raise SweepError(explain_no_slots(self.spec))
+        log.info("Ray: %d trial slot(s) over %d node(s) %s", slots, sum(1 for v in per_node.values() if v), per_node)
+        self.max_inflight = self.spec.ray.max_in_flight or slots
         from tasks.remote import fingerprint_task, trial_task
 
         self._trial_task = trial_task(self.spec)
@@ -694,48 +693,60 @@ class Driver:
 def dry_run(spec: SweepSpec) -> int:
     """Render and validate launch commands without launching anything; prints them.
 
-    Renders every seed trial plus ``dry_run_sample`` sampled ones (default: the whole
-    finite space when small, else 50), validating each argv with the installed SGLang's
-    parser when available (``tasks.sglang_cli.preflight_argv``).
+    Renders the baseline, the seed trials and ``dry_run_sample`` sampled feasible configs
+    (default: the sweep's trial budget), and validates every argv in one batch with SGLang's
+    own parser (``tasks.sglang_cli.check_many``): in-process when SGLang is importable,
+    else with ``backend.python`` or the contract venv's interpreter.
 
     Returns:
-        0 when every command is valid, 2 otherwise.
+        0 when every command is valid, 2 when SGLang's parser rejected any.
     """
+    from tasks.sglang_cli import SGLangUnavailable, check_many
+    from tasks.trial import launch_command
+
+    t0 = time.monotonic()
     space = spec.space
     configs: list[dict[str, Any]] = []
     if spec.sweep.mode == "search":
         configs.append(space.normalize(spec.sweep.baseline))
         configs += [space.normalize(s) for s in spec.sweep.seed_trials]
-    n = spec.dry_run_sample or 50
-    sampler = optuna.samplers.RandomSampler(seed=spec.sweep.sampler.seed)
-    study = optuna.create_study(sampler=sampler, direction="maximize")
-    for _ in range(n * 3):
-        if len(configs) >= n + 1 + len(spec.sweep.seed_trials):
+    n = spec.dry_run_sample or spec.sweep.budget.trials or 50
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=spec.sweep.sampler.seed), direction="maximize")
+    target = len(configs) + n
+    for _ in range(n * 20):
+        if len(configs) >= target:
             break
         t = study.ask()
         cfg = space.sample(t)
         study.tell(t, state=TrialState.PRUNED)
         if not space.violated(cfg) and cfg not in configs:
             configs.append(cfg)
-    bad = 0
-    try:
-        from tasks.sglang_cli import PreflightError, preflight_argv
-    except ImportError:  # noqa: F401
-        preflight_argv = None  # type: ignore[assignment]
-        PreflightError = ValueError  # type: ignore[assignment,misc]
+    rendered = []
     for cfg in configs:
         argv, env, _ = render_launch(cfg, spec.node.model_dump(), spec.model.model_dump(), backend_dict(spec))
-        argv = [sys.executable if a == "{python}" else a for a in argv]
-        from tasks.trial import launch_command
-
-        status = "ok"
-        if preflight_argv is not None and spec.backend.kind == "sglang":
-            try:
-                preflight_argv(argv, python=spec.backend.python)
-            except PreflightError as e:
-                status, bad = f"REJECTED: {e}", bad + 1
+        rendered.append(([sys.executable if a == "{python}" else a for a in argv], env))
+    python = spec.backend.python
+    contract_py = Path(__file__).resolve().parent.parent / ".contract-venv" / "bin" / "python"
+    if python is None and contract_py.exists():
+        python = str(contract_py)
+    checked: list[dict[str, Any]] | None = None
+    if spec.backend.kind in ("sglang", "emulated"):
+        try:
+            checked = check_many([a for a, _ in rendered], python=python)
+        except SGLangUnavailable as e:
+            print(f"warning: commands NOT validated: {e}. Install SGLang here (pip install -e '.[sglang]'), "
+                  f"set backend.python to an interpreter that has it, or run `make contract-env`.", file=sys.stderr)
+    bad = 0
+    for i, (argv, env) in enumerate(rendered):
+        status = "rendered"
+        if checked is not None:
+            ok = checked[i].get("ok")
+            status = "valid" if ok else f"REJECTED by SGLang's parser: {checked[i].get('error')}"
+            bad += not ok
         print(f"[{status}] {launch_command(argv, env)}")
-    print(f"{len(configs)} launch commands rendered, {bad} rejected; nothing was launched (dry_run=true).")
+    what = "validated with SGLang's parser" if checked is not None else "not validated"
+    print(f"{len(rendered)} launch commands rendered ({what}), {bad} rejected, in {time.monotonic() - t0:.1f} s; "
+          f"nothing was launched (dry_run=true).")
     return 2 if bad else 0
 
 

@@ -456,7 +456,9 @@ class PerfFinding:
 
 #: Lines saying an allreduce path was silently turned off (taxonomy 2.10): (path, regex).
 _DEGRADED: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("custom_allreduce", re.compile(r"Custom allreduce is disabled because")),
+    # SGLang 0.5.23 logs it for the V2 (default) and V1 implementations:
+    # "CustomAllReduceV2 is disabled because it's not supported on more than two PCIe-only GPUs."
+    ("custom_allreduce", re.compile(r"Custom ?all ?reduce(?:V\d)? is disabled because", re.IGNORECASE)),
     ("torch_symm_mem", re.compile(
         r"SymmMemCommunicator: Device capability [\d.]+ not supported"
         r"|[Tt]orch symm(?:etric)?[ _-]?mem\w*[^\n]*(?:is disabled|not supported|not available|falling back)")),

@@ -407,3 +407,15 @@ def test_redacted_log_classifies_the_same(case):
 
     text = _log(case)
     assert classify(redact_text(text), case["exit_code"]) == classify(text, case["exit_code"])
+
+
+@pytest.mark.parametrize("line", [
+    "[2026-11-29 10:00:00 TP0] Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs.",
+    "[2026-11-29 10:00:00 TP3] CustomAllReduceV2 is disabled because it's not supported on more than two PCIe-only GPUs. "
+    "To silence this warning, specify disable_custom_all_reduce=True explicitly.",
+    "[2026-11-29 10:00:00 TP1] CustomAllreduce is disabled because your platform lacks GPU P2P capability or P2P test failed.",
+])
+def test_custom_allreduce_fallback_wordings_of_sglang_0_5_23(line):
+    from tasks.failures import detect_perf_tags
+
+    assert detect_perf_tags(line) == ["allreduce_path_degraded"]
