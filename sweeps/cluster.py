@@ -51,3 +51,57 @@ def start_ray(spec: SweepSpec) -> None:
             f"cannot start or reach Ray at ray.address={r.address!r}: {e}. "
             f"Check the address (ray status on the head node) or drop ray.address to run locally"
         ) from None
+
+
+def trial_requirements(spec: SweepSpec) -> dict[str, float]:
+    """Resources one trial task asks Ray for: ``GPU`` (= TP × DP) plus the custom resources
+    of ``ray.resources`` and, when ``node.accelerator_type`` pins trials, Ray's
+    ``accelerator_type:<type>`` resource (Ray asks 0.001 of it per task: any amount > 0 fits).
+    """
+    need: dict[str, float] = {"GPU": float(spec.gpus_per_trial)}
+    need.update({str(k): float(v) for k, v in dict(spec.ray.resources).items()})
+    if spec.node.accelerator_type:
+        need[f"accelerator_type:{spec.node.accelerator_type}"] = 0.001
+    return need
+
+
+def trial_slots(spec: SweepSpec, nodes: list[dict] | None = None) -> tuple[int, dict[str, int]]:
+    """How many trials fit on the cluster at once, node by node (packing, not a global sum).
+
+    A node holds ``min(GPU // per_trial_GPUs, resource // per_trial_amount ...)`` trials, so
+    TP=4 trials pack two per 8-GPU node, TP=8 trials never straddle two 4-GPU nodes, and a
+    pinned sweep counts only the nodes carrying its resource / accelerator type.
+
+    Args:
+        nodes: ``ray.nodes()`` (default: asked from the connected Ray).
+    Returns:
+        (total slots, {node id (first 12 hex): slots}) over alive nodes.
+    """
+    import ray
+
+    need = trial_requirements(spec)
+    per_node: dict[str, int] = {}
+    for n in nodes if nodes is not None else ray.nodes():
+        if not n.get("Alive", n.get("alive", False)):
+            continue
+        res = n.get("Resources") or {}
+        k = min(int(res.get(r, 0.0) // amt + 1e-9) if amt >= 1 else (1 << 30 if res.get(r, 0.0) > 0 else 0)
+                for r, amt in need.items())
+        per_node[str(n.get("NodeID", ""))[:12]] = k
+    return sum(per_node.values()), per_node
+
+
+def explain_no_slots(spec: SweepSpec, nodes: list[dict] | None = None) -> str:
+    """Why no node can take a trial: what a trial needs and what each node has."""
+    import ray
+
+    need = trial_requirements(spec)
+    have = []
+    for n in nodes if nodes is not None else ray.nodes():
+        if n.get("Alive", n.get("alive", False)):
+            res = n.get("Resources") or {}
+            have.append(f"{str(n.get('NodeID', ''))[:12]}: GPU={res.get('GPU', 0):g}"
+                        + "".join(f", {r}={res.get(r, 0):g}" for r in need if r != "GPU"))
+    return (f"no node of the Ray cluster can run a trial: a trial needs "
+            f"{', '.join(f'{k}={v:g}' for k, v in need.items())}; nodes have [{'; '.join(have) or 'none alive'}]. "
+            f"Lower backend.tp_size, set ray.num_gpus (local Ray), or fix ray.resources / node.accelerator_type")

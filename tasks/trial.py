@@ -109,7 +109,7 @@ def run_trial(spec: TrialSpec, profile: dict[str, Any] | None = None, workdir: s
     t0 = time.monotonic()
     argv = [sys.executable if a == "{python}" else a for a in spec.argv]
     env = dict(spec.env)
-    res = TrialResult(status="ok", node=_node_name())
+    res = TrialResult(status="ok", node=_node_name(), gpu_ids=_gpu_indices())
     try:
         res.fingerprint = _fingerprint(spec, profile)
     except Exception as e:  # noqa: BLE001 - a fingerprint problem must not kill the trial

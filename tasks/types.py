@@ -115,6 +115,7 @@ class TrialResult:
         wall_s: whole task wall time, s.
         fingerprint: environment fingerprint (GPU arch, driver, CUDA, NCCL, torch, SGLang, FlashInfer).
         node: hostname / Ray node id the trial ran on.
+        gpu_ids: the GPU indices Ray assigned to the trial on that node (e.g. ``[4, 5, 6, 7]``).
     """
 
     status: TrialStatus
@@ -135,6 +136,7 @@ class TrialResult:
     fingerprint: dict[str, str] = field(default_factory=dict)
     node: str = ""
     exit_code: int | None = None
+    gpu_ids: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
