@@ -13,26 +13,14 @@ import pytest
 
 from tasks.emulator.model import evaluate_argv
 from tasks.emulator.profile import default_profile
-from tasks.emulator.testing import EAGLE_FLAGS, baseline_flags, launch_emulated
+from tasks.emulator.testing import EAGLE_FLAGS, baseline_flags, emulated_servers
 
 
 @pytest.fixture
 def server_factory(tmp_path):
-    started = []
-
-    def make(flags, env=None, emulator=None):
-        srv = launch_emulated(tmp_path, flags, env=env, emulator=emulator)
-        started.append(srv)
-        return srv
-
-    yield make
-    for s in started:
-        for child in _tree(s.proc.pid):
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-        s.stop()
+    """Start emulated servers through tasks.server (launch / wait_healthy / terminate)."""
+    with emulated_servers(tmp_path) as start:
+        yield start
 
 
 def _tree(pid):
@@ -65,7 +53,7 @@ def test_baseline_rate_through_http_matches_model(server_factory):
     flags = baseline_flags(128)
     srv = server_factory(flags)
     srv.wait_healthy()
-    chunks, times = _stream(srv.url, 128)
+    chunks, times = _stream(srv.base_url, 128)
     assert chunks[-1] == "DONE"
     last = chunks[-2]
     assert last["meta_info"]["completion_tokens"] == 128
@@ -75,7 +63,7 @@ def test_baseline_rate_through_http_matches_model(server_factory):
     measured = 127 / (times[-1] - times[0])
     model = evaluate_argv(default_profile({"noise": 0.0}), flags).decode_tok_s
     assert abs(measured / model - 1) < 0.03, (measured, model)
-    log = srv.log()
+    log = srv.log_text()
     assert "The server is fired up and ready to roll!" in log
     assert "Capture cuda graph end" in log
 
@@ -84,7 +72,7 @@ def test_eagle_meta_info_and_rate(server_factory):
     flags = baseline_flags(128, *EAGLE_FLAGS)
     srv = server_factory(flags)
     srv.wait_healthy()
-    chunks, times = _stream(srv.url, 200)
+    chunks, times = _stream(srv.base_url, 200)
     last = chunks[-2]
     mi = last["meta_info"]
     assert mi["completion_tokens"] == 200 and len(last["output_ids"]) == 200
@@ -94,7 +82,7 @@ def test_eagle_meta_info_and_rate(server_factory):
     pred = evaluate_argv(default_profile({"noise": 0.0}), flags)
     measured = 199 / (times[-1] - times[0])
     assert abs(measured / pred.decode_tok_s - 1) < 0.06, (measured, pred.decode_tok_s)
-    info = httpx.get(srv.url + "/get_server_info").json()
+    info = httpx.get(srv.base_url + "/get_server_info").json()
     assert info["internal_states"][0]["avg_spec_accept_length"] > 1.0
     assert info["speculative_num_draft_tokens"] == 4 and info["tp_size"] == 8
 
@@ -105,15 +93,15 @@ def test_tokens_identical_across_configs_and_openai_api(server_factory):
     a.wait_healthy()
     b.wait_healthy()
     body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 12}}
-    ra = httpx.post(a.url + "/generate", json=body, timeout=10).json()
-    rb = httpx.post(b.url + "/generate", json=body, timeout=10).json()
+    ra = httpx.post(a.base_url + "/generate", json=body, timeout=10).json()
+    rb = httpx.post(b.base_url + "/generate", json=body, timeout=10).json()
     assert ra["output_ids"] == rb["output_ids"] and len(ra["output_ids"]) == 12
-    c = httpx.post(a.url + "/v1/completions", json={"model": "m", "prompt": "hello world", "max_tokens": 5},
+    c = httpx.post(a.base_url + "/v1/completions", json={"model": "m", "prompt": "hello world", "max_tokens": 5},
                    timeout=10).json()
     assert c["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
     assert c["choices"][0]["finish_reason"] == "length"
-    assert httpx.get(a.url + "/health_generate", timeout=10).status_code == 200
-    assert httpx.get(a.url + "/get_model_info").json()["model_path"] == "moonshotai/Kimi-K2.5"
+    assert httpx.get(a.base_url + "/health_generate", timeout=10).status_code == 200
+    assert httpx.get(a.base_url + "/get_model_info").json()["model_path"] == "moonshotai/Kimi-K2.5"
 
 
 def test_corrupt_tokens_fault_changes_output(server_factory):
@@ -122,8 +110,8 @@ def test_corrupt_tokens_fault_changes_output(server_factory):
     a.wait_healthy()
     b.wait_healthy()
     body = {"input_ids": [9, 9], "sampling_params": {"max_new_tokens": 6}}
-    ra = httpx.post(a.url + "/generate", json=body, timeout=10).json()["output_ids"]
-    rb = httpx.post(b.url + "/generate", json=body, timeout=10).json()["output_ids"]
+    ra = httpx.post(a.base_url + "/generate", json=body, timeout=10).json()["output_ids"]
+    rb = httpx.post(b.base_url + "/generate", json=body, timeout=10).json()["output_ids"]
     assert ra[0] == rb[0] and ra[1:] != rb[1:]
 
 
@@ -133,7 +121,7 @@ def test_health_503_until_ready(server_factory):
     t0 = time.monotonic()
     while time.monotonic() - t0 < 20:
         try:
-            code = httpx.get(srv.url + "/health", timeout=1).status_code
+            code = httpx.get(srv.base_url + "/health", timeout=1).status_code
         except httpx.HTTPError:
             code = None
         if code == 503:
@@ -147,12 +135,12 @@ def test_health_503_until_ready(server_factory):
 def test_argparse_errors_exit_2(server_factory):
     srv = server_factory(["--model-path", "m", "--tp-size", "8", "--cuda-graph-max-bs", "128"])
     assert srv.proc.wait(20) == 2
-    log = srv.log()
+    log = srv.log_text()
     assert "usage: launch_server.py" in log
     assert "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, " \
            "--cuda-graph-max-bs-prefill" in log
     srv2 = server_factory(["--model-path", "m", "--no-such-flag"])
-    assert srv2.proc.wait(20) == 2 and "error: unrecognized arguments: --no-such-flag" in srv2.log()
+    assert srv2.proc.wait(20) == 2 and "error: unrecognized arguments: --no-such-flag" in srv2.log_text()
 
 
 def test_fusion_failure_sigkills_itself_and_children(server_factory):
@@ -164,7 +152,7 @@ def test_fusion_failure_sigkills_itself_and_children(server_factory):
         kids = [c.pid for c in _tree(srv.proc.pid)[1:]]
         time.sleep(0.02)
     assert srv.proc.wait(20) == -signal.SIGKILL
-    log = srv.log()
+    log = srv.log_text()
     assert "Capture cuda graph failed: No supported CUDA architectures found for major versions [9, 10]." in log
     assert log.rstrip().endswith("Received sigquit from a child process. It usually means the child failed.")
     time.sleep(0.2)
@@ -212,7 +200,7 @@ def test_bench_faults_exit_mid_stream(server_factory, fault, expect):
     srv.wait_healthy()
     got = 0
     with pytest.raises(httpx.HTTPError):
-        with httpx.stream("POST", srv.url + "/generate", timeout=10,
+        with httpx.stream("POST", srv.base_url + "/generate", timeout=10,
                           json={"input_ids": [1], "sampling_params": {"max_new_tokens": 100}, "stream": True}) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
@@ -225,7 +213,7 @@ def test_stall_bench_keeps_process(server_factory):
     srv = server_factory(baseline_flags(128), env={"SERVESWEEP_EMULATOR_FAULT": "stall_bench"})
     srv.wait_healthy()
     with pytest.raises(httpx.ReadTimeout):
-        with httpx.stream("POST", srv.url + "/generate", timeout=httpx.Timeout(10, read=1.0),
+        with httpx.stream("POST", srv.base_url + "/generate", timeout=httpx.Timeout(10, read=1.0),
                           json={"input_ids": [1], "sampling_params": {"max_new_tokens": 100}, "stream": True}) as r:
             for _ in r.iter_lines():
                 pass
@@ -238,8 +226,8 @@ def test_hang_and_crash_startup(server_factory):
     assert crash.proc.wait(20) == -signal.SIGKILL
     time.sleep(1.0)
     assert hang.proc.poll() is None
-    assert httpx.get(hang.url + "/health", timeout=2).status_code == 503
-    assert "Capture cuda graph begin" in hang.log()
+    assert httpx.get(hang.base_url + "/health", timeout=2).status_code == 503
+    assert "Capture cuda graph begin" in hang.log_text()
 
 
 def test_late_bind(server_factory):

@@ -1,25 +1,31 @@
-"""Helpers to start the emulated server in tests (also usable by the lifecycle tests).
+"""Helpers to start the emulated server in tests, through the real lifecycle code.
 
-Example::
+The server is launched by :func:`tasks.server.launch` (argv list, own session, output to a
+file, PR_SET_PDEATHSIG shim) on ports held by :func:`tasks.server.reserve_ports`, and torn
+down by :meth:`tasks.server.ServerProcess.terminate` (SIGTERM -> grace -> SIGKILL to the
+whole tree), exactly as a trial does. Example::
 
-    srv = launch_emulated(tmp_path, flags=baseline_flags(128), emulator={"time_scale": 0.002})
-    srv.wait_healthy()
-    ... httpx.post(srv.url + "/generate", json=...) ...
-    srv.stop()
+    with emulated_servers(tmp_path) as start:
+        srv = start(baseline_flags(128), emulator={"time_scale": 0.002})
+        srv.wait_healthy()                       # polls /health_generate, watches the process
+        httpx.post(srv.base_url + "/generate", json=...)
+    # every started server is terminated and its ports released here
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 from tasks.emulator.profile import PROFILE_ENV, REPO_ROOT, default_profile, write_profile
+from tasks.server import ServerProcess, launch, reserve_ports
+from tasks.types import Timeouts
+
+# Test deadlines (s): emulated startup at time_scale 0.002-0.02 takes 0.4-4 s.
+TEST_TIMEOUTS = Timeouts(startup_s=30.0, health_request_s=1.0, bench_s=30.0, term_grace_s=2.0, gpu_release_s=0.0)
 
 MODEL = "moonshotai/Kimi-K2.5"
 NCCL_FLAGS = ["--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion"]
@@ -33,77 +39,49 @@ def baseline_flags(max_bs: int = 128, *extra: str) -> list[str]:
             "--cuda-graph-max-bs-decode", str(max_bs), *extra]
 
 
-def free_port() -> int:
-    """An ephemeral loopback port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class EmulatedProcess:
-    """A running emulated server: ``proc`` (own session/process group), ``url``, ``log_path``."""
-
-    proc: subprocess.Popen
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_healthy(self, timeout: float = 30.0) -> float:
-        """Poll /health until 200; returns seconds waited. Raises RuntimeError (with the log) on exit/timeout."""
-        import httpx
-
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"emulated server exited {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return time.monotonic() - t0
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.02)
-        raise RuntimeError(f"emulated server not healthy after {timeout} s:\n{self.log()}")
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGKILL the whole process group (test cleanup); returns the exit code."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-
-def launch_emulated(workdir: Path, flags: list[str], env: dict[str, str] | None = None,
-                    emulator: dict | None = None, port: int | None = None) -> EmulatedProcess:
-    """Write a profile JSON into ``workdir`` and start ``python -m tasks.emulator.server``.
+def launch_emulated(workdir: Path, flags: list[str], ports: list[int], env: dict[str, str] | None = None,
+                    emulator: dict | None = None, timeouts: Timeouts = TEST_TIMEOUTS) -> ServerProcess:
+    """Write a profile JSON into ``workdir`` and start ``python -m tasks.emulator.server``
+    with :func:`tasks.server.launch`.
 
     Args:
-        workdir: directory for ``profile.json`` and ``server.log``.
-        flags: SGLang flags without --host/--port (added here).
+        workdir: directory for ``profile-<port>.json`` and ``server-<port>.log``.
+        flags: SGLang flags without --host/--port/--nccl-port (added here).
+        ports: (HTTP port, NCCL port), held by the caller (``tasks.server.reserve_ports``).
         env: extra environment (NCCL_ALGO, SERVESWEEP_EMULATOR_FAULT, ...).
         emulator: runtime profile overrides (default ``{"time_scale": 0.002, "noise": 0.0}``).
-        port: HTTP port (default: a free one).
+        timeouts: lifecycle deadlines for ``wait_healthy`` / ``terminate`` (s).
+
+    Returns:
+        the :class:`tasks.server.ServerProcess` (``proc``, ``base_url``, ``log_text()``).
+    Raises:
+        LifecycleError: the interpreter could not be started.
     """
     workdir = Path(workdir)
-    port = port or free_port()
+    port, nccl_port = ports[0], ports[1]
     prof = default_profile({"time_scale": 0.002, "noise": 0.0, **(emulator or {})})
-    ppath = write_profile(prof, workdir / "profile.json")
-    full_env = {**os.environ, PROFILE_ENV: ppath, **(env or {})}
-    full_env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")
-    log_path = workdir / f"server-{port}.log"
+    ppath = write_profile(prof, workdir / f"profile-{port}.json")
+    pp = os.environ.get("PYTHONPATH")
+    full_env = {PROFILE_ENV: ppath, "PYTHONPATH": str(REPO_ROOT) + (os.pathsep + pp if pp else ""), **(env or {})}
     argv = [sys.executable, "-m", "tasks.emulator.server", *flags, "--host", "127.0.0.1", "--port", str(port),
-            "--nccl-port", str(free_port())]
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=str(REPO_ROOT),
-                                start_new_session=True)
-    return EmulatedProcess(proc, port, log_path)
+            "--nccl-port", str(nccl_port)]
+    return launch(argv, full_env, workdir / f"server-{port}.log", timeouts, f"http://127.0.0.1:{port}")
+
+
+@contextlib.contextmanager
+def emulated_servers(workdir: Path, timeouts: Timeouts = TEST_TIMEOUTS) -> Iterator[Callable[..., ServerProcess]]:
+    """A factory ``start(flags, env=None, emulator=None) -> ServerProcess``; on exit every
+    started server is torn down with ``ServerProcess.terminate`` and its ports released."""
+    started: list[ServerProcess] = []
+    with contextlib.ExitStack() as stack:
+        def start(flags: list[str], env: dict[str, str] | None = None, emulator: dict | None = None) -> ServerProcess:
+            ports = stack.enter_context(reserve_ports(2))
+            srv = launch_emulated(workdir, flags, ports, env=env, emulator=emulator, timeouts=timeouts)
+            started.append(srv)
+            return srv
+
+        try:
+            yield start
+        finally:
+            for srv in started:
+                srv.terminate()
