@@ -44,7 +44,8 @@ def start_ray(spec: SweepSpec) -> None:
         else:
             gpus = r.num_gpus if r.num_gpus is not None else spec.node.gpus
             res = {f"accelerator_type:{spec.node.accelerator_type}": float(gpus)} if spec.node.accelerator_type else None
-            ray.init(num_gpus=gpus, num_cpus=r.num_cpus, resources=res or None,
+            # address="local": always start our own Ray, never join another local instance
+            ray.init(address="local", num_gpus=gpus, num_cpus=r.num_cpus, resources=res or None,
                      object_store_memory=r.object_store_memory_mb * 1024 * 1024, include_dashboard=False, **common)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise RayUnavailable(

@@ -767,6 +767,9 @@ def run(cfg: Any) -> float | None:
     study_name = spec.study
     if spec.new_study and not spec.study_name:
         study_name = f"{spec.sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from sweeps.estimate import estimate_gpu_hours
+
+    print(estimate_gpu_hours(spec)[1], flush=True)
     if spec.sweep.mode == "recheck":
         from sweeps.recheck import run_recheck
 
