@@ -40,7 +40,7 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 from sweeps import records as R
 from sweeps.config import ConfigError, SweepSpec, backend_dict, load_spec
 from sweeps.progress import Progress
-from sweeps.space import SearchSpace
+from sweeps.space import SearchSpace, seed_configs
 from tasks.knobs import render_launch
 from tasks.types import TrialResult, TrialSpec
 
@@ -257,33 +257,14 @@ class Driver:
             log.warning("trial %d was running when the driver stopped: marked failed (node_lost) and re-queued", t.number)
 
     def _enqueue_seeds(self) -> None:
+        """Enqueue the baseline (tagged ``is_baseline``), the seed trials and one trial per
+        level of the seeded knobs; ``skip_if_exists`` makes a resumed sweep enqueue nothing twice."""
         sw = self.spec.sweep
         if sw.mode != "search":
             return
-        seeds: list[tuple[dict[str, Any], dict[str, Any]]] = [(self.space.normalize(sw.baseline), {R.A_BASELINE: True})]
-        seeds += [(self.space.normalize(s), {}) for s in sw.seed_trials]
-        for knob in sw.seed_each_level_of:
-            p = next(p for p in self.space.params if p.name == knob)
-            for level in p.levels():
-                cfg = self.space.normalize({**self._fill(sw.baseline, knob, level)})
-                seeds.append((cfg, {}))
-        seen: set[str] = set()
-        for cfg, attrs in seeds:
-            key = R.config_key(cfg)
-            if key in seen:
-                continue
-            seen.add(key)
+        for i, cfg in enumerate(seed_configs(self.space, sw.baseline, sw.seed_trials, sw.seed_each_level_of)):
+            attrs = {R.A_BASELINE: True} if i == 0 else {}
             self.study.enqueue_trial(cfg, user_attrs={**attrs, "enqueue_attrs": attrs}, skip_if_exists=True)
-
-    def _fill(self, base: dict[str, Any], knob: str, level: Any) -> dict[str, Any]:
-        cfg = {**base, knob: level}
-        # activate/deactivate conditional params consistently with the new level
-        out: dict[str, Any] = {}
-        for p in self.space.params:
-            if not p.active(out):
-                continue
-            out[p.name] = cfg[p.name] if p.name in cfg else p.levels()[0]
-        return out
 
     # ---- the loop ---------------------------------------------------------------------
     def budget_left(self) -> bool:
@@ -706,10 +687,8 @@ def dry_run(spec: SweepSpec) -> int:
 
     t0 = time.monotonic()
     space = spec.space
-    configs: list[dict[str, Any]] = []
-    if spec.sweep.mode == "search":
-        configs.append(space.normalize(spec.sweep.baseline))
-        configs += [space.normalize(s) for s in spec.sweep.seed_trials]
+    sw = spec.sweep
+    configs = seed_configs(space, sw.baseline, sw.seed_trials, sw.seed_each_level_of) if sw.mode == "search" else []
     n = spec.dry_run_sample or spec.sweep.budget.trials or 50
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=spec.sweep.sampler.seed), direction="maximize")
     target = len(configs) + n

@@ -21,7 +21,7 @@ import random
 from typing import Any
 
 from sweeps.config import SweepSpec, backend_dict
-from sweeps.space import SearchSpace
+from sweeps.space import SearchSpace, seed_configs
 from tasks.knobs import render_launch
 
 DEFAULT_SAMPLE = 100  # configs priced; ~12 ms each (instant model), so ~1.2 s
@@ -43,27 +43,11 @@ def _profile(spec: SweepSpec) -> dict[str, Any]:
 
 
 def _seed_configs(spec: SweepSpec, space: SearchSpace) -> list[dict[str, Any]]:
-    """The configs the driver enqueues first, deduplicated, in its order (baseline first)."""
+    """The configs the driver enqueues first (see :func:`sweeps.space.seed_configs`)."""
     sw = spec.sweep
     if sw.mode != "search":
         return []
-    out = [space.normalize(sw.baseline)] + [space.normalize(s) for s in sw.seed_trials]
-    for knob in sw.seed_each_level_of:
-        p = next(p for p in space.params if p.name == knob)
-        for level in p.levels():
-            cfg = {**sw.baseline, knob: level}
-            filled: dict[str, Any] = {}
-            for q in space.params:
-                if q.active(filled):
-                    filled[q.name] = cfg[q.name] if q.name in cfg else q.levels()[0]
-            out.append(space.normalize(filled))
-    seen, uniq = set(), []
-    for c in out:
-        key = repr(sorted(c.items()))
-        if key not in seen:
-            seen.add(key)
-            uniq.append(c)
-    return uniq
+    return seed_configs(space, sw.baseline, sw.seed_trials, sw.seed_each_level_of)
 
 
 def sample_feasible(space: SearchSpace, n: int, seed: int = 0, max_draws_factor: int = 50) -> list[dict[str, Any]]:

@@ -334,3 +334,35 @@ def _eval(node: ast.AST, env: Mapping[str, Any], name: str) -> Any:
             left = right
         return True
     raise SpaceError(f"constraint {name!r}: unsupported expression {ast.dump(node)}")
+
+
+def seed_configs(space: SearchSpace, baseline: Mapping[str, Any], seed_trials: Iterable[Mapping[str, Any]] = (),
+                 seed_each_level_of: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The configs a sweep runs first, deduplicated, in order: the baseline (always first),
+    the explicit seed trials, then one config per level of each ``seed_each_level_of`` knob
+    (the baseline with that knob changed; conditional params switched on take their first
+    level).
+
+    Raises:
+        SpaceError: a seed that is not a valid config of the space.
+    """
+    out = [space.normalize(baseline)] + [space.normalize(s) for s in seed_trials]
+    for knob in seed_each_level_of:
+        p = next((p for p in space.params if p.name == knob), None)
+        if p is None:
+            raise SpaceError(f"seed_each_level_of: {knob!r} is not a param of the space")
+        for level in p.levels():
+            cfg = {**baseline, knob: level}
+            filled: dict[str, Any] = {}
+            for q in space.params:
+                if q.active(filled):
+                    filled[q.name] = cfg[q.name] if q.name in cfg else q.levels()[0]
+            out.append(space.normalize(filled))
+    seen: set[str] = set()
+    uniq = []
+    for c in out:
+        key = repr(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            uniq.append(c)
+    return uniq

@@ -115,3 +115,15 @@ def test_normalize_drops_inactive_and_checks_range():
         space.normalize({"speculative": "eagle3", "steps": 9, "topk": 1, "draft": 2})
     with pytest.raises(SpaceError, match="params.topk: missing"):
         space.normalize({"speculative": "eagle3", "steps": 1, "draft": 2})
+
+
+def test_seed_configs_baseline_first_one_per_level_deduplicated():
+    from sweeps.space import seed_configs
+
+    space = _space()
+    seeds = seed_configs(space, {"speculative": "none"}, [{"speculative": "none"}], ["speculative"])
+    assert seeds[0] == {"speculative": "none"}
+    # the eagle3 level switches its conditional params on at their first levels; duplicates dropped
+    assert seeds == [{"speculative": "none"}, {"speculative": "eagle3", "steps": 1, "topk": 1, "draft": 2}]
+    with pytest.raises(SpaceError, match="not a param"):
+        seed_configs(space, {"speculative": "none"}, [], ["nope"])
