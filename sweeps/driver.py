@@ -383,7 +383,8 @@ class Driver:
 
     def _tell_duplicate(self, trial: optuna.trial.Trial, dup: int) -> None:
         self.consecutive_skips += 1
-        src = self.study.trials[dup] if dup < len(self.study.trials) else None
+        # by number without deep-copying every trial (study.trials deep-copies: O(n) per duplicate)
+        src = next((t for t in self.study.get_trials(deepcopy=False) if t.number == dup), None)
         trial.set_user_attr(R.A_STATUS, "skipped")
         trial.set_user_attr(R.A_DUPLICATE_OF, dup)
         if src is not None and src.state == TrialState.COMPLETE and src.value is not None:

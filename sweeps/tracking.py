@@ -92,6 +92,11 @@ class Tracker:
             if exp.lifecycle_stage == "deleted":
                 retry(lambda: self.client.restore_experiment(exp.experiment_id), "restore experiment")
             self.experiment_id = exp.experiment_id
+        # MLflow 3 opens an experiment without this tag on its GenAI traces overview; with it the
+        # default view is the runs table (trials with their metrics), readable without configuration.
+        if exp is None or exp.tags.get("mlflow.experimentKind") != "custom_model_development":
+            retry(lambda: self.client.set_experiment_tag(self.experiment_id, "mlflow.experimentKind",
+                                                         "custom_model_development"), "experiment kind")
         self.parent_run_id: str | None = None
         self._synced: set[str] | None = None
 
