@@ -54,8 +54,8 @@ def run_name(r: TrialRecord) -> str:
     ar = str(p.get("allreduce", "nccl"))
     if "allreduce_path_degraded" in r.perf_tags:
         ar += "->nccl"
-    algo = p.get("nccl_algo")
-    bits.append(f"{ar}/{algo}" if algo and algo != "default" else ar)
+    nccl = "/".join(str(p[k]) for k in ("nccl_algo", "nccl_proto") if p.get(k) not in (None, "default"))
+    bits.append(f"{ar}/{nccl}" if nccl else ar)
     if p.get("cuda_graph_max_bs") is not None:
         bits.append(f"g{p['cuda_graph_max_bs']}")
     if p.get("speculative") == "eagle3":
