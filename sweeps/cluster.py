@@ -19,6 +19,35 @@ class RayUnavailable(RuntimeError):
     """Ray could not be started or reached (names the address and the fix)."""
 
 
+PROBE_TIMEOUT_S = 5.0  # a reachable GCS accepts a TCP connection in ms; ray.init itself retries for minutes
+
+
+def _probe(address: str) -> None:
+    """Fail fast on an unreachable ``host:port`` (``ray.init`` would retry for minutes).
+
+    ``auto`` / ``local`` are resolved by Ray itself and not probed.
+
+    Raises:
+        RayUnavailable: nothing accepts a TCP connection at the address.
+    """
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise RayUnavailable(f"ray.address={address!r} is not host:port (or auto)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S):
+            pass
+    except OSError as e:
+        raise RayUnavailable(
+            f"cannot reach Ray at ray.address={address!r} ({e.strerror or e}); start the head node "
+            f"(`ray start --head`), check host/port and firewalls, or drop ray.address to run locally"
+        ) from None
+
+
 def start_ray(spec: SweepSpec) -> None:
     """Connect to ``ray.address`` or start a local Ray with ``node.gpus`` logical GPUs.
 
@@ -38,6 +67,8 @@ def start_ray(spec: SweepSpec) -> None:
     r = spec.ray
     common = dict(log_to_driver=False, ignore_reinit_error=True, configure_logging=False,
                   runtime_env={"env_vars": {k: v for k, v in _LOCAL_ENV.items()}})
+    if r.address:
+        _probe(r.address)
     try:
         if r.address:
             ray.init(address=r.address, **common)

@@ -91,6 +91,24 @@ def _ensure_writable(spec: SweepSpec) -> None:
                              f"tracking.findings_dir to a writable directory") from None
 
 
+def _check_launcher(spec: SweepSpec) -> None:
+    """A launcher that does not exist is a config error, not a failure of every config (it
+    would teach a ``cli_arg_error`` rule per config). Checked here for a local Ray only: on a
+    cluster the launcher lives on the GPU nodes.
+
+    Raises:
+        SweepError: ``backend.launcher[0]`` is not an executable on PATH.
+    """
+    if spec.backend.kind == "instant" or spec.ray.address or not spec.backend.launcher:
+        return
+    import shutil
+
+    exe = sys.executable if spec.backend.launcher[0] == "{python}" else spec.backend.launcher[0]
+    if shutil.which(exe) is None:
+        raise SweepError(f"backend.launcher: {exe!r} is not an executable on PATH (nothing was launched); "
+                         f"install it or point backend.launcher at it")
+
+
 def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
     """TPE (multivariate, grouped for conditional params, constant liar for trials in
     flight) or random, seeded from the sweep config."""
@@ -166,7 +184,11 @@ class Driver:
     # ---- setup ----------------------------------------------------------------------
     def setup(self) -> None:
         _ensure_writable(self.spec)
+        _check_launcher(self.spec)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        from sweeps.sqlite_tuning import tune_sqlite_engines
+
+        tune_sqlite_engines()  # WAL + synchronous=NORMAL: 16 ms -> 0.02 ms per commit (measured)
         self._lock_study()
         self.study = open_study(self.spec, self.study_name)
         from sweeps.rules import RuleStore, load_implicated_knobs
@@ -178,7 +200,9 @@ class Driver:
         self.fingerprint = self._node_fingerprint()
         self._recover_stale()
         # the trial budget is the study's: a resumed sweep continues where it stopped
-        self.launched = sum(1 for r in R.load_records(self.study) if r.launched and r.state != "RUNNING")
+        # interrupted trials (Ctrl-C, a killed driver) are re-queued: they do not spend the budget
+        self.launched = sum(1 for r in R.load_records(self.study)
+                            if r.launched and r.state != "RUNNING" and r.status != "interrupted")
         self._enqueue_seeds()
 
     def _open_tracker(self) -> None:
@@ -481,7 +505,7 @@ class Driver:
     def _record(self, f: InFlight, res: TrialResult) -> None:
         t = f.trial
         self._save_files(f, res)
-        launched = res.status != "skipped"
+        launched = res.status not in ("skipped", "interrupted")  # interrupted configs are re-queued
         if launched:
             self.launched += 1
         base = R.baseline_value(R.load_records(self.study))
@@ -599,9 +623,20 @@ class Driver:
                 except Exception:  # noqa: BLE001 - cancelled
                     pass
                 self._record(f, res)
+                if res.status == "interrupted":
+                    self._requeue(f)
         for ref, f in list(self.inflight.items()):
             self.inflight.pop(ref)
             self._record(f, TrialResult(status="interrupted", phase="bench", failure_signature="sweep interrupted (SIGINT)"))
+            self._requeue(f)
+
+    def _requeue(self, f: InFlight) -> None:
+        """Enqueue an interrupted trial's config so the same command runs it first on resume."""
+        try:
+            attrs = dict(f.trial.user_attrs.get("enqueue_attrs") or {})
+            self.study.enqueue_trial(dict(f.params), user_attrs={**attrs, "enqueue_attrs": attrs})
+        except Exception as e:  # noqa: BLE001
+            log.error("could not re-queue interrupted trial %d: %s", f.trial.number, e)
 
     def finish(self) -> R.TrialRecord | None:
         conf = self._confirm()

@@ -1,0 +1,63 @@
+"""Ctrl-C (SIGINT to the terminal's process group) stops a sweep gracefully: running trials
+are torn down and recorded as interrupted, the findings document is written, the exit
+code is 130, and the same command resumes (the interrupted configs run first)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import optuna
+import pytest
+
+from sweeps import records as R
+from tests.test_driver_kill import servers_of, sweep_cmd, trial_states
+
+pytestmark = pytest.mark.slow
+
+
+def test_ctrl_c_stops_gracefully_and_resumes(tmp_path):
+    store = tmp_path / "store"
+    log = tmp_path / "first.log"
+    with open(log, "w") as out:
+        # own session = a terminal's foreground process group: Ctrl-C signals all of it
+        proc = subprocess.Popen(sweep_cmd(store), cwd=str(tmp_path), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not (trial_states(store).get("RUNNING") and servers_of(store)):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() - t0 < 150, log.read_text()[-3000:]
+            time.sleep(0.1)
+        t_int = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=60)
+        stop_s = time.monotonic() - t_int
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert rc == 130, text[-3000:]
+    assert stop_s < 40, stop_s  # teardown grace (5 s) + recording, not a hang
+    deadline = time.monotonic() + 15
+    while servers_of(store) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert servers_of(store) == [], "a server survived Ctrl-C"
+
+    study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}")
+    recs = R.load_records(study)
+    assert not [r for r in recs if r.state == "RUNNING"]
+    interrupted = [r for r in recs if r.status == "interrupted"]
+    assert interrupted and all(r.state == "FAIL" for r in interrupted)
+    findings = (store / "findings" / "smoke.md")
+    assert findings.exists() and findings.stat().st_mtime >= t0
+
+    again = subprocess.run(sweep_cmd(store), cwd=str(tmp_path), capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    recs2 = R.load_records(optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}"))
+    for r in interrupted:  # each interrupted config ran again after the resume
+        key = R.config_key(r.params)
+        assert [x for x in recs2 if x.number > r.number and R.config_key(x.params) == key
+                and x.status in ("ok", "failed", "skipped")], r.number
