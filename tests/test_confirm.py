@@ -153,7 +153,8 @@ def test_corrupt_tokens_on_real_emulated_servers(tmp_path):
     the best config's server corrupting its output: it is flagged and cannot win."""
     store = tmp_path / "store"
     fast = ["sweep=smoke", "backend.emulator.time_scale=0.002", "bench.output_len=16", "bench.repeats=2",
-            "bench.warmup_output_len=4", "sweep.budget.trials=3", "sweep.confirm.top_k=0", "ray.num_gpus=24",
+            "bench.warmup_output_len=4", "sweep.budget.trials=4", "sweep.confirm.top_k=0", "ray.num_gpus=24",
+            "sweep.seed_trials=[{speculative:none,allreduce:nccl,cuda_graph_max_bs:64}]",
             f"tracking.store_dir={store}", f"tracking.findings_dir={tmp_path / 'findings'}"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     r = subprocess.run([sys.executable, str(REPO / "run_sweep.py"), *fast], capture_output=True, text=True,
