@@ -31,4 +31,4 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 ui: $(STAMP)
-	$(PY) -m sweeps.ui
+	$(PY) -m sweeps.ui $(ARGS)

@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> None:
     MlflowClient(tracking_uri=uri).search_experiments()  # creates/migrates the schema
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
            "--default-artifact-root", f"file://{os.path.join(store, 'artifacts')}",
-           "--host", a.host, "--port", str(a.port)]
-    print("MLflow UI: http://%s:%s  (store %s)" % (a.host, a.port, uri), flush=True)
+           "--host", a.host, "--port", str(a.port), "--workers", "1"]
+    # MLflow 3 opens on its GenAI overview; this view lists the runs (trials) with their metrics.
+    print(f"MLflow UI: http://{a.host}:{a.port}/#/experiments?workflowType=machine_learning  (store {uri})", flush=True)
     os.execv(cmd[0], cmd)
 
 
