@@ -18,3 +18,17 @@ from sweeps.tracking import run_name
 ])
 def test_run_name(params, tags, expected):
     assert run_name(TrialRecord(number=12, state="COMPLETE", params=params, status="ok", perf_tags=tags)) == expected
+
+
+def test_run_label_carries_the_outcome():
+    from sweeps.tracking import run_label
+
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
+    ok = TrialRecord(number=1, state="COMPLETE", params=base, status="ok", metrics={"decode_tok_s": 89.46})
+    assert run_label(ok) == "t001 none nccl g128 · 89.5 tok/s"
+    bad = TrialRecord(number=3, state="PRUNED", params={**base, "allreduce": "torch_symm_mem"}, status="failed",
+                      failure_class="torch_symm_mem_unsupported")
+    assert run_label(bad).endswith("· torch_symm_mem_unsupported")
+    skip = TrialRecord(number=9, state="PRUNED", params=base, status="skipped", skipped_by_rule="4",
+                       failure_class="nccl_env_algo_proto_invalid")
+    assert run_label(skip).endswith("· skipped: nccl_env_algo_proto_invalid")

@@ -141,7 +141,9 @@ def test_experiment_page_lists_trials_with_toks_and_failure_class(ui, tmp_path):
     # the rows behind that table, from the REST endpoint the page itself calls
     r = httpx.post(f"{base}/ajax-api/2.0/mlflow/runs/search", json={"experiment_ids": [exp_id], "max_results": 100},
                    timeout=30)
-    runs = {x["info"]["run_name"]: x for x in r.json()["runs"]}
+    # child run names carry the outcome after " · " (sweeps.tracking.run_label); key by the config part
+    runs = {x["info"]["run_name"].split(" · ")[0]: x for x in r.json()["runs"]}
+    assert any(x["info"]["run_name"] == "t001 none nccl g128 · 89.5 tok/s" for x in r.json()["runs"])
     def tags(x):
         return {t["key"]: t["value"] for t in x["data"].get("tags", [])}
     def metrics(x):
