@@ -118,18 +118,22 @@ def space_table(workers: int = 2, cache: Path | None = None) -> list[Row]:
 
     Returns:
         Rows in the space's declaration order. Cached as JSON in ``cache`` when given
-        (reused only if the config count matches).
+        (reused only while tasks/emulator/*.py and conf/*/*.yaml are unchanged).
     """
+    import hashlib
+
     spec = _spec()
     cfgs = list(spec.space.enumerate())
+    src = sorted((REPO / "tasks" / "emulator").glob("*.py")) + sorted((REPO / "conf").glob("*/*.yaml"))
+    stamp = hashlib.sha256(b"".join(f.read_bytes() for f in src)).hexdigest()[:16]  # model + profiles
     if cache is not None and cache.exists():
         data = json.loads(cache.read_text())
-        if len(data) == len(cfgs):
-            return [Row(**d) for d in data]
+        if isinstance(data, dict) and data.get("stamp") == stamp and len(data["rows"]) == len(cfgs):
+            return [Row(**d) for d in data["rows"]]
     with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker) as ex:
         rows = list(ex.map(_evaluate, cfgs, chunksize=256))
     if cache is not None:
-        cache.write_text(json.dumps([asdict(r) for r in rows]))
+        cache.write_text(json.dumps({"stamp": stamp, "rows": [asdict(r) for r in rows]}))
     return rows
 
 
