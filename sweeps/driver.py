@@ -171,6 +171,7 @@ class Driver:
         self.profile = emulator_profile(spec)
         self.backend = backend_dict(spec)
         self.inflight: dict[Any, InFlight] = {}
+        self._pending_flush = False  # finished trials not yet synced to MLflow / findings
         self.stop_reason: str | None = None
         self.interrupted = False
         self.t_start = time.monotonic()
@@ -315,6 +316,8 @@ class Driver:
                     and self.launched + len(self.inflight) < (self.spec.sweep.budget.trials or 10**9):
                 if not self._propose():
                     break
+            if self._pending_flush:
+                self._flush_finished()
             if not self.inflight:
                 break
             ready, _ = self.ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
@@ -583,6 +586,13 @@ class Driver:
         return f"{name}: {res.status} {res.failure_class} ({res.phase}) {res.failure_signature or ''}"[:200]
 
     def _after_finish(self) -> None:
+        """A trial was told to Optuna: MLflow sync + findings are due. They run in the loop
+        once the freed GPUs have their next trial (``_flush_finished``), so the GPUs never
+        wait for bookkeeping, and one sync covers every trial finished meanwhile."""
+        self._pending_flush = True
+
+    def _flush_finished(self) -> None:
+        self._pending_flush = False
         recs = R.load_records(self.study)
         if self.tracker is not None and self.tracker.parent_run_id:
             self.tracker.sync(self.study_name, recs, self.spec.store_dir, {"backend": self.spec.backend.kind,
