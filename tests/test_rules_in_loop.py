@@ -103,7 +103,7 @@ def check_campaign(study: optuna.Study, rules: RuleStore, n_launched: int = 60) 
     return {"start_rate": start_rate, "rule_skips": len(skipped), "duplicates": len(dups), "asks": len(recs)}
 
 
-@pytest.mark.parametrize("n", [20, pytest.param(60, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [20, pytest.param(60, marks=[pytest.mark.slow, pytest.mark.timeout(900)])])
 def test_campaign_in_process_one_launch_per_dead_end(fast_tmp, n):
     store = fast_tmp / "store"
     spec = load_spec(compose_cfg([*CAMPAIGN, f"sweep.budget.trials={n}", *_stores(store)]))
@@ -114,6 +114,7 @@ def test_campaign_in_process_one_launch_per_dead_end(fast_tmp, n):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # ~3 min idle; >5 min on a loaded 2-core machine
 def test_campaign_through_ray_and_mlflow(fast_tmp):
     store = fast_tmp / "store"
     cmd = [sys.executable, str(REPO / "run_sweep.py"), *CAMPAIGN, *_stores(store)]

@@ -50,6 +50,7 @@ def dead_rate(sampler: str, seed: int, tmp) -> tuple[float, int]:
     return sum(map(dead, late)) / len(late), len(late)
 
 
+@pytest.mark.timeout(900)
 def test_tpe_stops_proposing_learned_dead_regions(tmp_path):
     tpe, rnd = [], []
     for seed in SEEDS:
