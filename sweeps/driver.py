@@ -181,6 +181,7 @@ class Driver:
         self.recent_bad: list[bool] = []
         self.fingerprint: dict[str, str] = {}
         self.progress = Progress(self.study_name, spec.sweep.budget.trials)
+        self.finished_best: R.TrialRecord | None = None
 
     # ---- setup ----------------------------------------------------------------------
     def setup(self) -> None:
@@ -775,6 +776,30 @@ def dry_run(spec: SweepSpec) -> int:
     return 2 if bad else 0
 
 
+def execute(drv: Driver) -> Driver:
+    """Run a driver's whole lifecycle: setup, the loop, graceful Ctrl-C (first SIGINT stops
+    proposing and tears running trials down; a second one aborts), finish. Returns ``drv``
+    with ``drv.finished_best`` set. Raises what setup raises (SweepError, RayUnavailable...)."""
+    prev = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if drv.interrupted:
+            raise KeyboardInterrupt
+        print("\nservesweep: stopping (Ctrl-C again to abort); tearing down running trials...", file=sys.stderr)
+        drv.interrupted = True
+
+    try:
+        drv.setup()
+        signal.signal(signal.SIGINT, on_sigint)
+        drv.loop()
+        if drv.interrupted:
+            drv.interrupt()
+        drv.finished_best = drv.finish()
+    finally:
+        signal.signal(signal.SIGINT, prev)
+    return drv
+
+
 def run(cfg: Any) -> float | None:
     """Run the sweep described by the composed Hydra config; returns the best objective.
 
@@ -800,21 +825,8 @@ def run(cfg: Any) -> float | None:
 
         return run_recheck(spec)
     drv = Driver(spec, study_name)
-    prev = signal.getsignal(signal.SIGINT)
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        if drv.interrupted:
-            raise KeyboardInterrupt
-        print("\nservesweep: stopping (Ctrl-C again to abort); tearing down running trials...", file=sys.stderr)
-        drv.interrupted = True
-
     try:
-        drv.setup()
-        signal.signal(signal.SIGINT, on_sigint)
-        drv.loop()
-        if drv.interrupted:
-            drv.interrupt()
-        best = drv.finish()
+        best = execute(drv).finished_best
     except _sweep_errors() as e:
         print(f"servesweep: {e}", file=sys.stderr)
         sys.exit(1)
@@ -822,8 +834,6 @@ def run(cfg: Any) -> float | None:
         print(f"servesweep: the Optuna storage {spec.optuna_storage} failed ({e.__cause__ or e}); finished trials "
               f"are kept there. Fix the store and run the same command again to resume.", file=sys.stderr)
         sys.exit(1)
-    finally:
-        signal.signal(signal.SIGINT, prev)
     if drv.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     return best.value if best else None

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -45,7 +44,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeps import records as R
 from sweeps.config import SweepSpec
-from sweeps.driver import EXIT_INTERRUPTED, Driver, SweepError, emulator_profile
+from sweeps.driver import EXIT_INTERRUPTED, Driver, SweepError, emulator_profile, execute
 
 log = logging.getLogger("servesweep")
 
@@ -378,25 +377,7 @@ def recheck(spec: SweepSpec, driver_cls: type[RecheckDriver] = RecheckDriver, **
         raise SweepError("sweep=recheck needs source=<name of the sweep to re-check>")
     name = spec.study_name or recheck_study_name(spec.source, current_fingerprint(spec))
     spec = spec.model_copy(update={"study_name": name})
-    drv = driver_cls(spec, name, **driver_kw)
-    prev = signal.getsignal(signal.SIGINT)
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        if drv.interrupted:
-            raise KeyboardInterrupt
-        print("\nservesweep: stopping the recheck (Ctrl-C again to abort)...", file=sys.stderr)
-        drv.interrupted = True
-
-    try:
-        drv.setup()
-        signal.signal(signal.SIGINT, on_sigint)
-        drv.loop()
-        if drv.interrupted:
-            drv.interrupt()
-        drv.finish()
-    finally:
-        signal.signal(signal.SIGINT, prev)
-    return drv
+    return execute(driver_cls(spec, name, **driver_kw))
 
 
 def run_recheck(spec: SweepSpec) -> float | None:

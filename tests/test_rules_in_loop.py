@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 
 from sweeps import records as R
 from sweeps.config import load_spec
-from sweeps.inprocess import InProcessDriver, run_in_process
+from sweeps.inprocess import run_in_process
 from sweeps.rules import RuleStore, implicated_params, load_implicated_knobs
 from tests.conftest import REPO, compose_cfg
 

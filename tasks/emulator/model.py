@@ -860,8 +860,8 @@ def evaluate(profile: dict, launch: LaunchConfig, *, batch: int = 1, input_len: 
            f"available_gpu_mem={max(avail_graph - g_target - g_draft + mem['activations_gib'], 0):.2f} GB")
     tl.log(f"INFO:     Uvicorn running on http://{launch.host}:{launch.port} (Press CTRL+C to quit)", tag=None)
     tl.advance("warmup", st["warmup_s"])
-    tl.log(f"Prefill batch. #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, #running-req: 0, "
-           f"#queue-req: 0", tag="TP0")
+    tl.log("Prefill batch. #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, #running-req: 0, "
+           "#queue-req: 0", tag="TP0")
     tl.log("The server is fired up and ready to roll!", tag=None)
     tl.log("", kind="ready", tag=None)
     pred.events = tl.events
