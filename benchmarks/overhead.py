@@ -269,11 +269,11 @@ def _report(res: dict[str, Any]) -> str:
              ">= 10 trials/s", f"{GOALS['trials_per_s'] - v:.1f} trials/s. Per trial the driver makes ~20 "
              f"Optuna storage commits (14 user attributes, params, tell), an MLflow child run (create, batch, "
              f"5 artifact copies, terminate) and a Ray round trip; SQLite commits were made ~800x cheaper "
-             f"(WAL + synchronous=NORMAL, sweeps/sqlite_tuning.py: 2.0 -> ~5 trials/s unloaded) and the "
+             f"(WAL + synchronous=NORMAL, sweeps/sqlite_tuning.py; before it and the deferral: 2.0 trials/s on 300 trials, same machine) and the "
              f"MLflow/findings work is deferred until freed slots are refilled. The per-100 windows do not "
              f"trend down with n, so the O(n) reload of all records per flush is not the limit at 2,000 "
-             f"trials; the remaining cost is per-trial I/O and, here, CPU contention (load average > 10 "
-             f"on 2 cores while measuring)")
+             f"trials; the remaining cost is per-trial I/O and, here, CPU contention from other jobs "
+             f"(load average above)")
         g = t["rss_growth_mb"]
         goal("driver memory growth", g, g is not None and g < GOALS["rss_growth_mb"], "MB",
              "< 200 MB", f"{(g or 0) - GOALS['rss_growth_mb']:.0f} MB")
