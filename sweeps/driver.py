@@ -219,7 +219,8 @@ class Driver:
                                       "model": self.spec.model.name, "backend": self.spec.backend.kind,
                                       "objective": self.spec.sweep.objective})
         except Exception as e:  # noqa: BLE001 - MLflow down: the sweep goes on, sync catches up later
-            log.warning("MLflow unavailable at start (%s); trials will be synced when it is back", e)
+            log.warning("MLflow unavailable (%s); trials will be synced when it is back", e)
+            self.tracker = None
 
     def _lock_study(self) -> None:
         """One driver per study on this store: a second one would fail the first's running
@@ -595,6 +596,10 @@ class Driver:
     def _flush_finished(self) -> None:
         self._pending_flush = False
         recs = R.load_records(self.study)
+        if (self.tracker is None or not self.tracker.parent_run_id) and \
+                time.monotonic() - getattr(self, "_tracker_tried_at", 0.0) > 10.0:
+            self._tracker_tried_at = time.monotonic()  # MLflow was down at start: try again, at most every 10 s
+            self._open_tracker()
         if self.tracker is not None and self.tracker.parent_run_id:
             self.tracker.sync(self.study_name, recs, self.spec.store_dir, {"backend": self.spec.backend.kind,
                                                                           "node": self.spec.node.name})
@@ -656,6 +661,8 @@ class Driver:
         if conf.get("winner") is not None:  # the confirmed winner, not the luckiest single run
             best = next((r for r in recs if r.number == conf["winner"]), best)
         base = R.baseline_value(recs)
+        if self.tracker is None or not self.tracker.parent_run_id:
+            self._open_tracker()  # last chance for a sweep that started while MLflow was down
         if self.tracker is not None and self.tracker.parent_run_id:
             try:
                 self.tracker.sync(self.study_name, recs, self.spec.store_dir, {"backend": self.spec.backend.kind,

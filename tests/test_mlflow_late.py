@@ -1,0 +1,35 @@
+"""MLflow down when the sweep starts: the sweep runs, and once MLflow answers again the
+same run syncs every finished trial (Optuna is the source of truth)."""
+
+from __future__ import annotations
+
+from mlflow.tracking import MlflowClient
+
+import sweeps.tracking as tracking
+from sweeps.config import load_spec
+from sweeps.inprocess import run_in_process
+from tests.conftest import compose_cfg
+
+
+def test_tracker_reopened_when_mlflow_comes_back(tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    spec = load_spec(compose_cfg(["backend=instant", "sweep=smoke", "sweep.budget.trials=4", "sweep.confirm.top_k=0",
+                                  f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]))
+    real = tracking.Tracker
+    calls = {"n": 0}
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ConnectionError("MLflow is down")
+        return real(*a, **k)
+
+    monkeypatch.setattr(tracking, "Tracker", flaky)
+    drv = run_in_process(spec, track=True)
+    assert calls["n"] >= 2, "the driver never tried MLflow again"
+    c = MlflowClient(spec.mlflow_uri)
+    exp = c.get_experiment_by_name("smoke")
+    runs = c.search_runs([exp.experiment_id], max_results=500)
+    keys = [r.data.tags["trial_key"] for r in runs if "trial_key" in r.data.tags]
+    finished = [t for t in drv.study.trials if t.state.is_finished()]
+    assert len(keys) == len(set(keys)) == len(finished)
