@@ -7,11 +7,12 @@ import os
 from sweeps.config import SweepSpec
 
 # Ray's own settings for a quiet, small local instance (DESIGN.md § Known traps).
+# Not RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper: it makes workers ignore
+# SIGCHLD, so Popen.poll() reads every server exit as 0 (measured); tasks.reaper kills the
+# TP ranks a dead worker leaves behind instead.
 _LOCAL_ENV = {
     "RAY_DEDUP_LOGS": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
-    # Backstop: kill processes our trial tasks spawned if a worker exits.
-    "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true",
 }
 
 

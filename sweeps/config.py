@@ -72,7 +72,7 @@ class BackendConfig(_Model):
     """
 
     kind: Literal["emulated", "sglang", "instant"]
-    launcher: list[str]
+    launcher: list[str] = Field(min_length=1)
     tp_size: int | None = Field(default=None, ge=1)
     sglang_version: str = "0.5.23"
     python: str | None = None
@@ -194,6 +194,13 @@ class SweepSpec(_Model):
     study_name: str | None = None
     new_study: bool = False
 
+    @field_validator("study_name", "source")
+    @classmethod
+    def _study_name_ok(cls, v: str | None) -> str | None:
+        if v is not None and (not v or not all(c.isalnum() or c in "-_." for c in v) or v.startswith(".")):
+            raise ValueError("use letters, digits, '-', '_' or '.' only (it names files and MLflow filters)")
+        return v
+
     @model_validator(mode="after")
     def _tp_fits(self) -> "SweepSpec":
         tp = self.backend.tp_size or self.node.gpus
@@ -295,10 +302,16 @@ def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
                 render_launch(full, spec.node.model_dump(), spec.model.model_dump(), _backend_dict(spec))
             except (SpaceError, KnobError) as e:
                 problems.append(f"{where}: {e}")
+        problems += _check_knob_levels(spec, space)
         for k in spec.sweep.seed_each_level_of:
             if k not in space.names:
                 problems.append(f"sweep.seed_each_level_of: {k!r} is not a param of the space")
-        if not unknown and not _any_feasible(space):
+        try:
+            feasible = _any_feasible(space)
+        except SpaceError as e:
+            problems.append(f"sweep.{e}")
+            feasible = True
+        if not feasible:
             problems.append(
                 "sweep.constraints: no config in the space satisfies every constraint; relax a constraint or widen a range"
             )
@@ -307,6 +320,37 @@ def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
     if problems:
         raise ConfigError("\n".join(problems))
     return spec
+
+
+def _check_knob_levels(spec: SweepSpec, space: SearchSpace) -> list[str]:
+    """Every level of every knob must be renderable and of the type SGLang parses: numeric
+    knobs hold whole numbers (ints) or numbers (floats); each categorical level renders with
+    the baseline's other values. A bad level is refused here instead of costing a launch."""
+    from tasks.knobs import FLOAT_KNOBS, INT_KNOBS
+
+    out: list[str] = []
+    try:
+        base = space.normalize(spec.sweep.baseline)
+    except SpaceError:
+        base = {}
+    for p in space.params:
+        where = f"sweep.params.{p.name}"
+        if p.name in INT_KNOBS:
+            if p.type == "float":
+                out.append(f"{where}: SGLang parses {p.name} as an int; use type: int")
+            elif p.type == "categorical" and not all(isinstance(v, int) and not isinstance(v, bool) for v in p.choices):
+                out.append(f"{where}.choices: {p.name} takes whole numbers only (got {list(p.choices)})")
+        if p.name in FLOAT_KNOBS and p.type == "categorical" and not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in p.choices):
+            out.append(f"{where}.choices: {p.name} takes numbers only (got {list(p.choices)})")
+        if p.type == "categorical" and base:
+            for level in p.choices:
+                try:
+                    render_launch({**base, p.name: level}, spec.node.model_dump(), spec.model.model_dump(),
+                                  _backend_dict(spec))
+                except KnobError as e:
+                    out.append(f"{where}.choices: level {level!r}: {e}")
+    return out
 
 
 def _backend_dict(spec: SweepSpec) -> dict[str, Any]:

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -42,6 +43,7 @@ from sweeps.config import ConfigError, SweepSpec, backend_dict, load_spec
 from sweeps.progress import Progress
 from sweeps.space import SearchSpace, seed_configs
 from tasks.knobs import render_launch
+from tasks.redact import redact_argv
 from tasks.types import TrialResult, TrialSpec
 
 log = logging.getLogger("servesweep")
@@ -504,7 +506,7 @@ class Driver:
             (d / "result.json").write_text(json.dumps(
                 {k: v for k, v in res.to_dict().items() if k not in ("server_log", "bench")}, indent=1, default=str))
             (d / "config.json").write_text(json.dumps(
-                {"params": f.params, "argv": f.spec.argv, "env": sorted(f.spec.env), "backend": self.spec.backend.kind,
+                {"params": f.params, "argv": redact_argv(f.spec.argv), "env": sorted(f.spec.env), "backend": self.spec.backend.kind,
                  "node": self.spec.node.name, "model": self.spec.model.name}, indent=1))
 
     def _record(self, f: InFlight, res: TrialResult) -> None:
@@ -560,6 +562,10 @@ class Driver:
         if res.failure_kind == "transient" and not retried:
             return
         if not res.failure_class or not (res.fingerprint or self.fingerprint):
+            return
+        if res.failure_class == "cli_arg_error":
+            # argparse rejected the command line: knob values are type-checked before launch, so
+            # the cause is the sweep's static config (extra_args, launcher), not these knob values
             return
         try:
             self.rules.learn(res.fingerprint or self.fingerprint, self.spec.model.name, params, res.failure_class,
@@ -795,15 +801,26 @@ def execute(drv: Driver) -> Driver:
         print("\nservesweep: stopping (Ctrl-C again to abort); tearing down running trials...", file=sys.stderr)
         drv.interrupted = True
 
+    prev_term = signal.getsignal(signal.SIGTERM)
     try:
-        drv.setup()
+        try:
+            drv.setup()
+        except BaseException:
+            tracker = getattr(drv, "tracker", None)
+            if tracker is not None and tracker.parent_run_id:
+                with contextlib.suppress(Exception):
+                    tracker.close_parent("FAILED")
+            raise
+        # SIGTERM (timeout, SLURM, docker stop) stops as gracefully as Ctrl-C
         signal.signal(signal.SIGINT, on_sigint)
+        signal.signal(signal.SIGTERM, on_sigint)
         drv.loop()
         if drv.interrupted:
             drv.interrupt()
         drv.finished_best = drv.finish()
     finally:
         signal.signal(signal.SIGINT, prev)
+        signal.signal(signal.SIGTERM, prev_term)
     return drv
 
 
@@ -834,6 +851,10 @@ def run(cfg: Any) -> float | None:
     drv = Driver(spec, study_name)
     try:
         best = execute(drv).finished_best
+    except KeyboardInterrupt:
+        print("servesweep: aborted; trials still running are recovered (failed, re-queued) by the next run of the "
+              "same command", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     except _sweep_errors() as e:
         print(f"servesweep: {e}", file=sys.stderr)
         sys.exit(1)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from sweeps import records as R
+from tasks.redact import redact_text
 
 log = logging.getLogger("servesweep.findings")
 
@@ -839,6 +840,7 @@ def update_findings(spec: Any, study_name: str, records: Sequence[R.TrialRecord]
     ctx = context_from_spec(spec, study_name, fingerprint, rules, confirmation)
     old = path.read_bytes().decode("utf-8", "surrogateescape") if path.exists() else ""  # bytes kept as is
     section, _ = render_section(ctx, records, read_data_block(old))
+    section = redact_text(section)  # model paths with credentials, tokens in decisive log lines
     new = splice_section(old, section)
     if new != old:
         atomic_write(path, new)

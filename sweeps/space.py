@@ -99,7 +99,13 @@ class Constraint:
         """Evaluate the constraint; a constraint whose ``when`` is inactive holds trivially."""
         if self.when and not all(params.get(k) in v for k, v in self.when.items()):
             return True
-        return bool(_eval(self._tree.body, params, self.name))
+        try:
+            return bool(_eval(self._tree.body, params, self.name))
+        except SpaceError:
+            raise
+        except (ArithmeticError, TypeError, ValueError) as e:
+            raise SpaceError(f"constraints: {self.name!r} ({self.expr}) cannot be evaluated for {dict(params)}: "
+                             f"{type(e).__name__}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -293,7 +299,6 @@ _BIN = {
     ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
 }
 _CMP = {
     ast.Lt: operator.lt,

@@ -143,12 +143,13 @@ def prompt_ids(n: int, seed: int, index: int) -> list[int]:
 
 
 def stream_generate(client: httpx.Client, base_url: str, input_ids: list[int], max_new_tokens: int,
-                    timeout_s: float) -> RequestRecord:
+                    timeout_s: float, t_end: float | None = None) -> RequestRecord:
     """POST one streaming greedy ``/generate`` and record chunk arrival times.
 
     Raises:
-        BenchError: ``stall`` when no byte arrives for ``timeout_s``; ``http`` on an error
-            status; ``connection`` when the server is gone; ``short`` on fewer tokens.
+        BenchError: ``stall`` when no byte arrives for ``timeout_s`` or the stream runs past
+            ``t_end`` (``time.monotonic()``); ``http`` on an error status; ``connection`` when
+            the server is gone; ``short`` on fewer tokens.
     """
     body = {
         "input_ids": input_ids,
@@ -170,6 +171,8 @@ def stream_generate(client: httpx.Client, base_url: str, input_ids: list[int], m
                 if payload == "[DONE]":
                     break
                 events.append((time.perf_counter(), json.loads(payload)))
+                if t_end is not None and time.monotonic() > t_end:
+                    raise BenchError(f"benchmark exceeded its time limit (backend.timeouts.bench_s) after {len(events)} chunks", "stall")
     except httpx.ReadTimeout:
         raise BenchError(f"stream stalled: no data for {timeout_s:.0f} s after {len(events)} chunks", "stall") from None
     except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
@@ -180,22 +183,35 @@ def stream_generate(client: httpx.Client, base_url: str, input_ids: list[int], m
     return rec
 
 
-def run_benchmark(base_url: str, spec: BenchSpec) -> tuple[dict[str, float], list[RequestRecord]]:
+def run_benchmark(base_url: str, spec: BenchSpec, deadline_s: float | None = None) -> tuple[dict[str, float], list[RequestRecord]]:
     """Warm up, then run ``spec.repeats`` measured requests ``spec.concurrency`` at a time.
 
+    Args:
+        deadline_s: the whole benchmark's time limit, s (``backend.timeouts.bench_s``); a
+            server trickling tokens just under the per-request stall timeout is stopped here.
     Returns:
         ``(metrics, records)``: see :func:`summarize`.
     Raises:
-        BenchError: the first failed request (warmup or measured).
+        BenchError: the first failed request (warmup or measured); ``stall`` past ``deadline_s``.
     """
+    t_end = time.monotonic() + deadline_s if deadline_s else None
+
+    def timeout() -> float:
+        if t_end is None:
+            return spec.request_timeout_s
+        left = t_end - time.monotonic()
+        if left <= 0:
+            raise BenchError(f"benchmark exceeded its {deadline_s:.0f} s limit (backend.timeouts.bench_s)", "stall")
+        return min(spec.request_timeout_s, left)
+
     with httpx.Client() as client:
         for i in range(spec.warmup_requests):
             stream_generate(client, base_url, prompt_ids(spec.input_len, spec.seed, -1 - i),
-                            spec.warmup_output_len, spec.request_timeout_s)
+                            spec.warmup_output_len, timeout(), t_end)
 
         def one(i: int) -> RequestRecord:
             return stream_generate(client, base_url, prompt_ids(spec.input_len, spec.seed, i),
-                                   spec.output_len, spec.request_timeout_s)
+                                   spec.output_len, timeout(), t_end)
 
         t0 = time.perf_counter()
         if spec.concurrency == 1:

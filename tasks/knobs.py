@@ -55,6 +55,13 @@ KNOWN_KNOBS = frozenset(
 )
 
 
+# Knobs whose values SGLang parses as numbers (argparse type=int / float): a sweep level of
+# another type would only fail at launch, so it is refused when the config is validated.
+INT_KNOBS = frozenset({"cuda_graph_max_bs", "eagle_num_steps", "eagle_topk", "eagle_num_draft_tokens",
+                       "nccl_min_nchannels"})
+FLOAT_KNOBS = frozenset({"mem_fraction_static"})
+
+
 class KnobError(ValueError):
     """A knob name or value that cannot be rendered (names the knob and the fix)."""
 

@@ -30,7 +30,29 @@ def main(argv: list[str]) -> None:
         # The parent may have died between fork and prctl: then we are already orphaned.
         if expected_parent and os.getppid() != expected_parent:
             os._exit(1)
+        if expected_parent and os.environ.pop("SERVESWEEP_REAPER", "") == "1":
+            start_reaper(expected_parent, os.getpgid(0))
     os.execvp(argv[0], argv)
+
+
+def start_reaper(watch_pid: int, pgid: int) -> None:
+    """Double-fork :mod:`tasks.reaper` into its own session before exec'ing the server.
+
+    Done here (a single-threaded process) rather than from the Ray worker: the reaper exists
+    before the server starts, and it is nobody's direct child (Ray kills a dying worker's
+    direct children, and the server's group dies with the server), so it outlives both and
+    can SIGKILL the server's TP-rank children that PR_SET_PDEATHSIG does not reach.
+    """
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                env = {k: v for k, v in os.environ.items() if not k.startswith("SERVESWEEP_")}
+                os.execve(sys.executable, [sys.executable, "-m", "tasks.reaper", str(watch_pid), str(pgid)], env)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
 
 
 if __name__ == "__main__":

@@ -264,7 +264,9 @@ def launch(
 
     The server's stdout/stderr go to ``log_path`` (never an undrained PIPE, which blocks at
     64 KiB and looks like a hang). With ``pdeathsig`` the command runs behind
-    :mod:`tasks.pdeathsig`, so it dies with the Ray worker.
+    :mod:`tasks.pdeathsig`, so it dies with the Ray worker, and the shim starts a
+    :mod:`tasks.reaper` that kills the rest of its process group if the worker dies without
+    tearing down.
 
     Raises:
         LifecycleError(cli_arg_error): the launcher executable does not exist.
@@ -273,7 +275,8 @@ def launch(
     if not argv or shutil.which(argv[0]) is None:
         raise LifecycleError(f"launcher not found: {argv[0] if argv else '<empty argv>'!r} is not an executable on PATH",
                              "startup", "cli_arg_error")
-    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "SERVESWEEP_PARENT_PID": str(os.getpid())}
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "SERVESWEEP_PARENT_PID": str(os.getpid()),
+                "SERVESWEEP_REAPER": "1"}
     cmd = list(argv)
     if pdeathsig and sys.platform.startswith("linux"):
         cmd = [sys.executable, "-m", "tasks.pdeathsig", "--", *cmd]

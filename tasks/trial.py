@@ -83,7 +83,7 @@ def _fingerprint(spec: TrialSpec, profile: dict[str, Any] | None) -> dict[str, s
 
 
 def _failure(res: TrialResult, log: str, exit_code: int | None, phase: str, harness_class: str | None) -> TrialResult:
-    c = classify(log, exit_code, phase)
+    c = classify(redact_text(log), exit_code, phase)  # the signature leaves the node: classify the redacted log
     cls, sig = c.failure_class, c.signature
     if harness_class and (cls in ("unknown", "startup_timeout", "server_crash") or c.kind == "perf"):
         cls = harness_class
@@ -143,7 +143,7 @@ def run_trial(spec: TrialSpec, profile: dict[str, Any] | None = None, workdir: s
                 t_bench = time.monotonic()
                 phase = "bench"
                 try:
-                    metrics, records = run_benchmark(base_url, spec.bench)
+                    metrics, records = run_benchmark(base_url, spec.bench, deadline_s=spec.timeouts.bench_s)
                 except BenchError as e:
                     # a lost connection usually means the server is exiting: wait for its code
                     rc = srv.returncode() if e.kind == "stall" else srv.wait_exit(2.0)

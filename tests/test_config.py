@@ -49,6 +49,15 @@ def _err(overrides):
         (["+sweep.budget.trails=3"], "sweep.budget.trails"),
         (["backend.tp_size=16"], "backend.tp_size=16 exceeds node.gpus=8"),
         (["sweep.constraints=[{name: never, expr: 'cuda_graph_max_bs > 100000'}]"], "no config in the space satisfies"),
+        (["sweep.constraints=[{name: z, expr: 'cuda_graph_max_bs / 0 > 1'}]"], "cannot be evaluated"),
+        (["sweep.constraints=[{name: p, expr: '9 ** 9 ** 9 > cuda_graph_max_bs'}]"], "Pow is not allowed"),
+        (["sweep.params.cuda_graph_max_bs.choices=[64,big,128]"], "cuda_graph_max_bs takes whole numbers only"),
+        (["~sweep.params.cuda_graph_max_bs.choices", "sweep.params.cuda_graph_max_bs.type=float",
+          "+sweep.params.cuda_graph_max_bs.low=63.5", "+sweep.params.cuda_graph_max_bs.high=600"],
+         "parses cuda_graph_max_bs as an int"),
+        (["sweep.params.allreduce.choices=[nccl,custom,ring_allreduce]"], "level 'ring_allreduce'"),
+        (["study_name=../../escaped"], "study_name"),
+        (["backend.launcher=[]"], "backend.launcher"),
     ],
 )
 def test_bad_config_names_the_field(overrides, needle):

@@ -74,12 +74,12 @@ def kill_mid_sweep(store: Path, log: Path, timeout_s: float = 150) -> None:
         t0 = time.monotonic()
         while True:
             st = trial_states(store)
-            if st.get("RUNNING") and st.get("COMPLETE", 0) + st.get("PRUNED", 0) >= 1 and servers_of(store):
+            live = servers_of(store)
+            if st.get("RUNNING") and st.get("COMPLETE", 0) + st.get("PRUNED", 0) >= 1 and live:
                 break
             assert proc.poll() is None, f"the sweep ended before the kill: {log.read_text()[-2000:]}"
             assert time.monotonic() - t0 < timeout_s, f"no running trial after {timeout_s} s: {log.read_text()[-2000:]}"
             time.sleep(0.1)
-        live = servers_of(store)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -150,7 +150,7 @@ def test_sigkill_then_same_command_resumes_cleanly(tmp_path, rep):
     assert doc.exists()
     best = R.best_record(list(recs.values()))
     text = doc.read_text()
-    assert best is not None and f"t{best.number}" in text
+    assert best is not None and f"t{best.number}" in text, [(r.number, r.status, r.params, r.perf_tags, r.duplicate_of) for r in recs.values()]
     launched = sum(1 for r in recs.values() if r.launched)
     assert f"{launched} trials launched" in text
     assert servers_of(store) == []

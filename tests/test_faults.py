@@ -127,8 +127,9 @@ def test_fault_class_deadline_and_no_survivors(base, tmp_path, fault):
         assert res.phase == phase
         assert res.failure_kind == "transient"
     assert elapsed <= deadline + SLACK_S, f"{fault}: {elapsed:.1f} s > {deadline} + {SLACK_S} s"
-    # the watcher saw the server and its two TP-rank children, and none survived
-    assert len(w.seen) >= 3, w.seen
+    # the watcher saw the server and its two TP-rank children (a startup crash kills its ranks
+    # within milliseconds: the polling watcher may see only the server), and none survived
+    assert len(w.seen) >= (1 if fault == "crash_startup" else 3), w.seen
     assert w.survivors() == []
 
 

@@ -116,3 +116,14 @@ def test_missing_launcher_is_a_clear_failure(base, tmp_path):
 def test_reserved_ports_are_distinct_and_exclusive():
     with reserve_ports(3) as a, reserve_ports(3) as b:
         assert len(set(a)) == 3 and not set(a) & set(b)
+
+
+def test_benchmark_time_limit_is_enforced(base, tmp_path):
+    long = BenchSpec(input_len=16, output_len=400, warmup_requests=0, repeats=3, request_timeout_s=30.0)
+    t0 = time.monotonic()
+    res, left = _trial(base, NCCL, bench=long, tmp_path=tmp_path,
+                       timeouts=Timeouts(startup_s=20, health_request_s=2, bench_s=2.0, term_grace_s=2))
+    assert res.status == "failed" and res.failure_class == "bench_stall" and res.phase == "bench"
+    assert "bench_s" in res.server_log
+    assert time.monotonic() - t0 < 15  # 3 x 400 tokens at ~90 tok/s would take ~13 s of benchmark alone
+    assert left == []

@@ -3,6 +3,7 @@ as a subprocess (one ray.init per process), then resumed."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 import sys
@@ -62,6 +63,10 @@ def test_mlflow_holds_parent_and_children(swept):
     # smoke seeds every allreduce level: flashinfer fusion fails on SM120
     assert any(k.data.tags["failure_class"] == "flashinfer_allreduce_fusion_unsupported_arch" for k in failed)
     assert all(k.info.status == "FAILED" for k in failed)
+    # the server's real exit code reached the result (SGLang's launcher SIGKILLs itself: -9)
+    fus = next(k for k in failed if k.data.tags["failure_class"] == "flashinfer_allreduce_fusion_unsupported_arch")
+    res = json.loads((store / "trials" / "smoke" / f"{int(fus.data.tags['trial_number']):05d}" / "result.json").read_text())
+    assert res["exit_code"] == -9, res["exit_code"]
     arts = {a.path for a in c.list_artifacts(ok[0].info.run_id)}
     assert {"server.log", "launch_command.txt", "bench.json", "config.json"} <= arts
     assert parents[0].data.tags.get("best_trial") is not None
