@@ -688,7 +688,7 @@ class Driver:
             except Exception as e:  # noqa: BLE001
                 log.warning("final MLflow update failed (%s); rerun the command to sync", e)
         self._write_findings(recs)
-        self.progress.summary(recs, best, base, self.stop_reason, self.spec.findings_path)
+        self.progress.summary(recs, best, base, self.stop_reason, self.spec.findings_path, confirmation=conf)
         return best
 
     def _confirm(self) -> dict[str, Any]:
@@ -772,9 +772,10 @@ def dry_run(spec: SweepSpec) -> int:
     if spec.backend.kind in ("sglang", "emulated"):
         try:
             checked = check_many([a for a, _ in rendered], python=python)
-        except SGLangUnavailable as e:
-            print(f"warning: commands NOT validated: {e}. Install SGLang here (pip install -e '.[sglang]'), "
-                  f"set backend.python to an interpreter that has it, or run `make contract-env`.", file=sys.stderr)
+        except SGLangUnavailable:
+            print("warning: commands NOT validated: SGLang is not importable here. Install it (pip install -e "
+                  "'.[sglang]'), set backend.python=<interpreter that has it>, or run `make contract-env`.",
+                  file=sys.stderr)
     bad = 0
     for i, (argv, env) in enumerate(rendered):
         status = "rendered"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +20,8 @@ class Progress:
     failed / skipped, best tok/s so far and an ETA from the mean launched-trial time."""
 
     def __init__(self, study_name: str, budget_trials: int | None, console: Console | None = None):
-        self.console = console or Console(highlight=False)
+        # no TTY (CI, a log file): rich would wrap at 80 columns mid-phrase
+        self.console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 200)
         self.study_name = study_name
         self.budget = budget_trials
         self._last_status = 0.0
@@ -50,13 +52,16 @@ class Progress:
             self.console.print(f"[bold]{escape(self.status_line(load_records(study), running, t_start))}[/bold]")
 
     def summary(self, recs: list[TrialRecord], best: TrialRecord | None, baseline: float | None,
-                stop_reason: str | None, findings: Path) -> None:
+                stop_reason: str | None, findings: Path, confirmation: dict | None = None) -> None:
         """The closing table: top configs, failures by class, the best launch command."""
         c = self.console
         c.rule(escape(f"servesweep: {self.study_name}"))
         if stop_reason:
             c.print(escape(f"stopped: {stop_reason}"))
-        ok = sorted((r for r in recs if r.status == "ok" and r.value is not None and r.duplicate_of is None),
+            if stop_reason.startswith("trial budget spent"):
+                c.print("(to continue this study, run the same command with a larger sweep.budget.trials=N)")
+        ok = sorted((r for r in recs if r.status == "ok" and r.value is not None and r.duplicate_of is None
+                     and counts_for_level(r)),  # a silently degraded level is not listed as that level
                     key=lambda r: -r.value)
         t = Table(title="best configurations (decode tok/s, batch 1)")
         for col in ("trial", "tok/s", "speedup", "TTFT ms", "ITL p50 ms", "accept len", "config"):
@@ -84,8 +89,18 @@ class Progress:
         c.print(f"{launched} trials launched, {len(recs) - launched} answered without GPU time, {gpu_h:.3f} GPU-hours.")
         if baseline:
             c.print(f"baseline: {baseline:.1f} tok/s")
-        if best is not None:
-            c.print(f"best: trial {best.number}, {best.value:.1f} tok/s"
+        entry = next((e for e in (confirmation or {}).get("entries", [])
+                      if best is not None and e.get("trial") == best.number and e.get("mean") is not None), None)
+        if best is not None and entry is not None:
+            sp = entry.get("speedup_ci") or [None, None]
+            c.print(escape(f"best (confirmed over {entry.get('n')} repeats): trial {best.number}, {entry['mean']:.1f} tok/s "
+                           f"[{confirmation.get('confidence', 0.95):.0%} CI {entry['ci_low']:.1f}-{entry['ci_high']:.1f}]"
+                           + (f", {entry['speedup_mean']:.2f}x baseline [{sp[0]:.2f}-{sp[1]:.2f}]"
+                              if entry.get("speedup_mean") and None not in sp else "")))
+            if confirmation.get("winner_note"):
+                c.print(escape(str(confirmation["winner_note"])))
+        elif best is not None:
+            c.print(f"best: trial {best.number}, {best.value:.1f} tok/s (one measurement)"
                     + (f" ({best.value / baseline:.2f}x baseline)" if baseline else ""))
             c.print("launch command:")
             c.print(best.launch_command, markup=False, soft_wrap=True)
