@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: venv sweep test test-fast ui contract-env
+.PHONY: venv sweep test test-slow test-fast ui contract-env
 
 # (Re)create the virtualenv whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -24,11 +24,15 @@ contract-env:
 	PYTHON=$(PYTHON) scripts/contract_env.sh
 
 test: $(STAMP) contract-env
-	$(PY) -m pytest -q $(ARGS)
-
-# Quick loop while developing: skip the slow end-to-end cases.
-test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+# The end-to-end cases (driver kill x3, Ctrl-C, Ray cluster, MLflow outage, 60-trial campaign).
+test-slow: $(STAMP) contract-env
+	$(PY) -m pytest -q -m slow $(ARGS)
+
+# Quick loop while developing: no contract env, no slow cases.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not contract" $(ARGS)
 
 ui: $(STAMP)
 	$(PY) -m sweeps.ui $(ARGS)
