@@ -84,6 +84,11 @@ def run_label(r: TrialRecord) -> str:
     return f"{run_name(r)} · {outcome}"
 
 
+def _ms(dt: Any) -> int | None:
+    """A datetime as epoch milliseconds (MLflow's run times), or None."""
+    return int(dt.timestamp() * 1000) if dt is not None else None
+
+
 def _tag(v: Any) -> str:
     s = v if isinstance(v, str) else json.dumps(v, default=str)
     return s[:MAX_TAG_VAL_LENGTH]
@@ -262,7 +267,7 @@ class Tracker:
         tags = {k: v for k, v in tags.items() if v not in ("", None)}
         tags["status"] = r.status
         run = retry(
-            lambda: self.client.create_run(self.experiment_id, run_name=run_label(r),
+            lambda: self.client.create_run(self.experiment_id, run_name=run_label(r), start_time=_ms(r.datetime_start),
                                            tags={"trial_key": key, "mlflow.parentRunId": self.parent_run_id}),
             "create child run",
         )
@@ -281,4 +286,5 @@ class Tracker:
         status = "FINISHED" if r.status in ("ok",) else ("KILLED" if r.status == "interrupted" else "FAILED")
         if r.status in ("skipped",) and r.duplicate_of is not None:
             status = "FINISHED"
-        retry(lambda: self.client.set_terminated(rid, status), "terminate child")
+        # the run's duration in the UI is the trial's (Optuna start -> complete), not the sync's
+        retry(lambda: self.client.set_terminated(rid, status, end_time=_ms(r.datetime_complete)), "terminate child")
