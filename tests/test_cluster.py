@@ -28,6 +28,7 @@ import pytest
 
 from sweeps import records as R
 from tests.conftest import REPO
+from tests.procs import trial_processes
 
 pytestmark = pytest.mark.slow
 
@@ -122,14 +123,7 @@ def _running(store: Path) -> int:
 
 
 def _servers(store: Path) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if str(store) in p.environ().get("SERVESWEEP_EMULATOR_PROFILE", "") and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
+    return trial_processes(store)
 
 
 def test_node_removed_mid_trial_reruns_elsewhere(cluster, tmp_path):

@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from sweeps import records as R
 from tests.conftest import REPO
+from tests.procs import trial_processes
 
 pytestmark = pytest.mark.slow
 
@@ -54,14 +55,7 @@ def trial_states(store: Path) -> dict[str, int]:
 def servers_of(store: Path) -> list[psutil.Process]:
     """Live emulated-server / TP-rank processes started for this store (their environment
     names a profile under ``<store>/work``)."""
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if str(store) in p.environ().get("SERVESWEEP_EMULATOR_PROFILE", "") and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
+    return trial_processes(store)
 
 
 def kill_mid_sweep(store: Path, log: Path, timeout_s: float = 150) -> None:

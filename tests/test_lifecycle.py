@@ -15,6 +15,7 @@ from tasks.server import reserve_ports
 from tasks.trial import run_trial
 from tasks.types import BenchSpec, Timeouts, TrialSpec
 from tests.conftest import compose_cfg
+from tests.procs import trial_processes
 
 FAST_BENCH = BenchSpec(input_len=16, output_len=32, warmup_requests=1, warmup_output_len=4, repeats=2,
                        request_timeout_s=3.0)
@@ -40,13 +41,11 @@ def _trial(base, params, env=None, bench=FAST_BENCH, timeouts=None, tmp_path=Non
 
 
 def leftovers_of(tmp_path) -> list[list[str]]:
-    """Live processes whose environment points into this test's trial directory (the server
-    and the TP-rank children it spawned inherit SERVESWEEP_EMULATOR_PROFILE)."""
+    """Command lines of processes of this test's trial that are still alive."""
     out = []
-    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+    for p in trial_processes(tmp_path):
         try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and str(tmp_path) in p.environ().get("SERVESWEEP_EMULATOR_PROFILE", ""):
-                out.append(p.info["cmdline"])
+            out.append(p.cmdline())
         except psutil.Error:
             continue
     return out
