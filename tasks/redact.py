@@ -72,7 +72,7 @@ _ASSIGN = re.compile(
     r"""(?P<pre>(?<![#\w-])(?P<q>["']?)(?P<name>-{0,2}[A-Za-z][\w.-]*)(?P=q))"""
     # the value is never itself the start of another assignment ("A= HF_TOKEN=x": the match
     # must be HF_TOKEN=x, not A= swallowing HF_TOKEN)
-    r"""(?P<sep>\s*=\s*|\s*:\s+|:(?=["']))(?P<val>(?![A-Za-z][\w.-]*\s*[=:])""" + _VALUE + r")")
+    r"""(?P<sep>\s*=\s*|\s*:\s+|:(?=["']))(?P<val>(?![A-Za-z][\w.-]*=)""" + _VALUE + r")")
 # --flag value (a command line inside text); the value must not itself be a flag.
 _FLAG_SPACE = re.compile(r"(?P<pre>(?<![\w-])(?P<name>--[A-Za-z][\w-]*))(?P<sep>[ \t]+)(?P<val>(?!-)" + _VALUE + r")")
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (

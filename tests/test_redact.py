@@ -98,3 +98,8 @@ def test_fuzz_assignment_secret_never_survives(prefix, suffix, secret):
 def test_fuzz_total(s):
     assert isinstance(redact_text(s), str)
     assert len(redact_argv(s.split())) == len(s.split())
+
+
+@pytest.mark.parametrize("text", ["A= HF_TOKEN=00000000 ", "x: HF_TOKEN=a0000000 :", "HF_TOKEN=a0000000 ="])
+def test_assignment_after_another_assignment_is_masked(text):
+    assert "0000000" not in redact_text(text)
