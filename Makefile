@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: venv sweep test test-slow test-fast ui contract-env
+.PHONY: venv sweep test test-slow test-fast ui contract-env lint
 
 # (Re)create the virtualenv whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -23,7 +23,11 @@ sweep: $(STAMP)
 contract-env:
 	PYTHON=$(PYTHON) scripts/contract_env.sh
 
-test: $(STAMP) contract-env
+# ruff: lint + import order over the whole tree (installed by the test extra).
+lint: $(STAMP)
+	$(PY) -m ruff check sweeps tasks tests benchmarks
+
+test: $(STAMP) contract-env lint
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 # The end-to-end cases (driver kill x3, Ctrl-C, Ray cluster, MLflow outage, 60-trial campaign).

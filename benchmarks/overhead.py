@@ -51,7 +51,8 @@ MANY = ["sweep=smoke", "sweep.params.allreduce.choices=[nccl]", "sweep.seed_each
 
 def compose(overrides: list[str]) -> Any:
     """The Hydra config with ``overrides`` (compose API, no working-directory change)."""
-    from hydra import compose as hcompose, initialize_config_dir
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()

@@ -7,8 +7,9 @@ fix, before Ray starts or any GPU time is spent.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -202,7 +203,7 @@ class SweepSpec(_Model):
         return v
 
     @model_validator(mode="after")
-    def _tp_fits(self) -> "SweepSpec":
+    def _tp_fits(self) -> SweepSpec:
         tp = self.backend.tp_size or self.node.gpus
         if tp > self.node.gpus:
             raise ValueError(f"backend.tp_size={tp} exceeds node.gpus={self.node.gpus}; lower backend.tp_size")

@@ -20,7 +20,8 @@ import datetime as _dt
 import logging
 import math
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from sweeps import records as R
 from tasks.types import TrialResult, TrialSpec
@@ -218,7 +219,7 @@ def confirm_top(driver: Any, k: int = 3, repeats: int = 5, confidence: float = 0
         log.warning("confirmation interrupted; nothing stored")
         return {}
     out = summarize(todo, results, repeats, confidence, spec.sweep.objective)
-    out.update(top_k=k, candidates=cand_ids, date=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+    out.update(top_k=k, candidates=cand_ids, date=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
                wall_s=round(time.monotonic() - t0, 2))
     _store(driver.study, out)
     return out

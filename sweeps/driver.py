@@ -27,11 +27,10 @@ import os
 import signal
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import warnings
 
 import optuna
 from optuna.trial import TrialState

@@ -33,9 +33,10 @@ import os
 import re
 import tempfile
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from sweeps import records as R
 from tasks.redact import redact_text
@@ -800,7 +801,7 @@ def context_from_spec(spec: Any, study_name: str, fingerprint: Mapping[str, str]
         fingerprint=fp, objective=spec.sweep.objective, baseline_config=dict(spec.sweep.baseline),
         space=_cached_space(spec), rules=rule_list, mapping=mapping,
         confirmation=dict(confirmation) if confirmation else None,
-        now=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        now=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
     )
 
 

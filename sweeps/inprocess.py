@@ -15,8 +15,9 @@ MLflow and the findings document are off by default (``track=False``, ``findings
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sweeps.config import SweepSpec
 from sweeps.driver import Driver

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import ast
 import operator
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import optuna
 from optuna.distributions import (

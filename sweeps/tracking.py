@@ -14,8 +14,9 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import optuna
 from mlflow.entities import Metric, Param, RunTag

@@ -11,7 +11,8 @@ full-flag mapping for the targeted SGLang version.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tasks.sglang_cli import DEFAULT_SGLANG_VERSION, FlagSet, FlagUnavailable, flags_from_table, resolve_flags
 

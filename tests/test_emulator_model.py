@@ -5,13 +5,14 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tasks.emulator import calibration
 from tasks.emulator.flags import LaunchArgError, flag_names
 from tasks.emulator.instant import estimate_gpu_hours, simulate
 from tasks.emulator.model import evaluate, evaluate_argv, parse_launch, tau
-from tasks.emulator.profile import build_profile, default_profile, load_yaml, DEFAULT_MODEL_YAML, DEFAULT_NODE_YAML
+from tasks.emulator.profile import DEFAULT_MODEL_YAML, DEFAULT_NODE_YAML, build_profile, default_profile, load_yaml
 from tasks.emulator.testing import EAGLE_FLAGS, baseline_flags
 from tasks.types import BenchSpec
 

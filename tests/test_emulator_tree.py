@@ -5,10 +5,18 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tasks.emulator.model import (accepted_from_uniform, draft_tree, evaluate_argv, position_probs, rank_probs, tau,
-                                  tau_independent)
+from tasks.emulator.model import (
+    accepted_from_uniform,
+    draft_tree,
+    evaluate_argv,
+    position_probs,
+    rank_probs,
+    tau,
+    tau_independent,
+)
 from tasks.emulator.profile import default_profile
 
 PROFILE = default_profile({"noise": 0.0})

@@ -17,7 +17,7 @@ import pytest
 
 from sweeps import records as R
 from sweeps.config import load_spec
-from sweeps.findings import (BEGIN, END, find_sections, read_data_block, splice_section, update_findings)
+from sweeps.findings import BEGIN, END, find_sections, read_data_block, splice_section, update_findings
 from tests.conftest import REPO, compose_cfg
 
 FP = {"gpu_arch": "sm_120", "driver": "580.95.05", "cuda": "12.9", "nccl": "2.27.7", "torch": "2.9.1",

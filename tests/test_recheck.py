@@ -20,8 +20,17 @@ import pytest
 
 from sweeps.config import load_spec
 from sweeps.inprocess import InProcessDriver, run_in_process
-from sweeps.recheck import (FIXED, NEWLY_FAILING, NOT_RERUN, STILL_FAILING, STILL_OK, RecheckDriver,
-                            collect_dead_ends, recheck, recheck_study_name)
+from sweeps.recheck import (
+    FIXED,
+    NEWLY_FAILING,
+    NOT_RERUN,
+    STILL_FAILING,
+    STILL_OK,
+    RecheckDriver,
+    collect_dead_ends,
+    recheck,
+    recheck_study_name,
+)
 from sweeps.rules import RuleStore, fingerprint_hash
 from tests.conftest import REPO, compose_cfg
 

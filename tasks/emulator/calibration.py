@@ -37,8 +37,7 @@ import numpy as np
 import yaml
 
 from tasks.emulator.model import EXPECTED_CLASS, evaluate_argv
-from tasks.emulator.profile import (DEFAULT_MODEL_YAML, DEFAULT_NODE_YAML, build_profile, get_path, load_yaml,
-                                    set_path)
+from tasks.emulator.profile import DEFAULT_MODEL_YAML, DEFAULT_NODE_YAML, build_profile, get_path, load_yaml, set_path
 
 SEED_CAMPAIGN = Path(__file__).with_name("seed_campaign.yaml")
 TOL_TOK_S = 0.03

@@ -12,7 +12,8 @@ import copy
 import math
 import random
 import zlib
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from tasks.emulator.flags import LaunchArgError
 from tasks.emulator.model import accepted_from_uniform, evaluate, evaluate_argv, parse_launch, run_factor

@@ -32,8 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from tasks.emulator.flags import LaunchArgError
-from tasks.emulator.model import (LaunchConfig, Prediction, accepted_from_uniform, evaluate, parse_launch,
-                                  run_factor)
+from tasks.emulator.model import LaunchConfig, Prediction, accepted_from_uniform, evaluate, parse_launch, run_factor
 from tasks.emulator.profile import profile_from_env
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0

@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from tasks.emulator.profile import PROFILE_ENV, REPO_ROOT, default_profile, write_profile
 from tasks.server import ServerProcess, launch, reserve_ports
