@@ -79,6 +79,7 @@ KIND: dict[str, str] = {
     "model_weights_error": "deterministic",
     "server_crash": "transient",
     "bench_stall": "transient",
+    "server_http_error": "transient",
     "early_exit": "transient",
     "teardown_timeout": "infra",
     "port_in_use": "infra",
