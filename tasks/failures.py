@@ -343,6 +343,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # Harness classes: set by the lifecycle by name (or by FALLBACKS below).
     Signature("server_crash", (), "harness: exited after healthy, no specific signature"),
     Signature("bench_stall", (), "harness: stream stopped while the server stayed up"),
+    Signature("server_http_error", (), "harness: HTTP 5xx from a server that passed its readiness check"),
     Signature("early_exit", (), "harness: exit 0 before the benchmark finished"),
     Signature("teardown_timeout", (), "harness: group survived SIGKILL or GPU memory not released"),
     Signature("gpu_busy", (), "harness: assigned GPUs held memory before launch"),
