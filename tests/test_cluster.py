@@ -29,6 +29,7 @@ import pytest
 from sweeps import records as R
 from tests.conftest import REPO
 from tests.procs import trial_processes
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -135,13 +136,13 @@ def test_node_removed_mid_trial_reruns_elsewhere(cluster, tmp_path):
         proc = subprocess.Popen(_cmd(c.address, store, [*EMU, "bench.output_len=150", "sweep.budget.trials=3"]),
                                 cwd=str(tmp_path), stdout=f, stderr=subprocess.STDOUT)
     try:
-        t0 = time.monotonic()
-        # two trials running with their servers up: one of them is on b (each holds 8 GPUs)
-        while not (_running(store) >= 2 and len({p.pid for p in _servers(store) if "tasks.emulator.server" in
-                                                  " ".join(p.cmdline())}) >= 2):
+        def two_serving() -> bool:
             assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() - t0 < 180, log.read_text()[-3000:]
-            time.sleep(0.1)
+            servers = {p.pid for p in _servers(store) if "tasks.emulator.server" in " ".join(p.cmdline())}
+            return _running(store) >= 2 and len(servers) >= 2
+
+        # two trials running with their servers up: one of them is on b (each holds 8 GPUs)
+        wait_for(two_serving, 180, what=lambda: log.read_text()[-3000:])
         c.remove_node(b)
         proc.wait(timeout=240)
     finally:
@@ -157,7 +158,4 @@ def test_node_removed_mid_trial_reruns_elsewhere(cluster, tmp_path):
     for x in retried:  # re-ran on the surviving node and finished as a normal trial
         assert _node_id(x.node) == head_id[:12] and x.status in ("ok", "failed"), x
         assert (R.trial_dir(store, "smoke", x.number) / "server.attempt1.log").exists()
-    deadline = time.monotonic() + 20
-    while _servers(store) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _servers(store) == []
+    wait_for(lambda: _servers(store) == [], 20, what="the trials' servers to exit")

@@ -25,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from sweeps import records as R
 from tests.conftest import REPO
 from tests.procs import trial_processes
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -65,26 +66,22 @@ def kill_mid_sweep(store: Path, log: Path, timeout_s: float = 150) -> None:
         proc = subprocess.Popen(sweep_cmd(store), cwd=str(store.parent), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        t0 = time.monotonic()
-        while True:
+        def one_done_one_serving() -> list:
+            assert proc.poll() is None, f"the sweep ended before the kill: {log.read_text()[-2000:]}"
             st = trial_states(store)
             live = servers_of(store)
-            if st.get("RUNNING") and st.get("COMPLETE", 0) + st.get("PRUNED", 0) >= 1 and live:
-                break
-            assert proc.poll() is None, f"the sweep ended before the kill: {log.read_text()[-2000:]}"
-            assert time.monotonic() - t0 < timeout_s, f"no running trial after {timeout_s} s: {log.read_text()[-2000:]}"
-            time.sleep(0.1)
+            return live if st.get("RUNNING") and st.get("COMPLETE", 0) + st.get("PRUNED", 0) >= 1 else []
+
+        live = wait_for(one_done_one_serving, timeout_s, what=lambda: f"a running trial: {log.read_text()[-2000:]}")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
     # no orphaned servers: the servers (and their TP ranks) of the killed driver's tasks go away
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and servers_of(store):
-        time.sleep(0.2)
-    left = [(p.pid, p.cmdline()[-4:]) for p in servers_of(store) if p.is_running()]
-    assert live and left == [], f"servers survived the driver: {left}"
+    assert live
+    wait_for(lambda: not [p for p in servers_of(store) if p.is_running()], 30,
+             what=lambda: f"servers to go away: {[(p.pid, p.cmdline()[-4:]) for p in servers_of(store)]}")
 
 
 def _snapshot(store: Path) -> dict[int, tuple[str, float | None]]:
@@ -144,7 +141,8 @@ def test_sigkill_then_same_command_resumes_cleanly(tmp_path, rep):
     assert doc.exists()
     best = R.best_record(list(recs.values()))
     text = doc.read_text()
-    assert best is not None and f"t{best.number}" in text, [(r.number, r.status, r.params, r.perf_tags, r.duplicate_of) for r in recs.values()]
+    assert best is not None and f"t{best.number}" in text, [
+        (r.number, r.status, r.params, r.perf_tags, r.duplicate_of) for r in recs.values()]
     launched = sum(1 for r in recs.values() if r.launched)
     assert f"{launched} trials launched" in text
     assert servers_of(store) == []

@@ -14,6 +14,7 @@ import pytest
 
 from sweeps import records as R
 from tests.test_driver_kill import servers_of, sweep_cmd, trial_states
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -21,16 +22,17 @@ pytestmark = pytest.mark.slow
 def test_ctrl_c_stops_gracefully_and_resumes(tmp_path):
     store = tmp_path / "store"
     log = tmp_path / "first.log"
+    t_start = time.time()  # wall clock: compared with file mtimes below
     with open(log, "w") as out:
         # own session = a terminal's foreground process group: Ctrl-C signals all of it
         proc = subprocess.Popen(sweep_cmd(store), cwd=str(tmp_path), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        t0 = time.monotonic()
-        while not (trial_states(store).get("RUNNING") and servers_of(store)):
+        def serving() -> bool:
             assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() - t0 < 150, log.read_text()[-3000:]
-            time.sleep(0.1)
+            return bool(trial_states(store).get("RUNNING") and servers_of(store))
+
+        wait_for(serving, 150, what=lambda: f"a running trial: {log.read_text()[-3000:]}")
         t_int = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
         rc = proc.wait(timeout=60)
@@ -41,10 +43,7 @@ def test_ctrl_c_stops_gracefully_and_resumes(tmp_path):
     text = log.read_text()
     assert rc == 130, text[-3000:]
     assert stop_s < 40, stop_s  # teardown grace (5 s) + recording, not a hang
-    deadline = time.monotonic() + 15
-    while servers_of(store) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert servers_of(store) == [], "a server survived Ctrl-C"
+    wait_for(lambda: servers_of(store) == [], 15, what="the servers to exit after Ctrl-C")
 
     study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}")
     recs = R.load_records(study)
@@ -52,7 +51,7 @@ def test_ctrl_c_stops_gracefully_and_resumes(tmp_path):
     interrupted = [r for r in recs if r.status == "interrupted"]
     assert interrupted and all(r.state == "FAIL" for r in interrupted)
     findings = (store / "findings" / "smoke.md")
-    assert findings.exists() and findings.stat().st_mtime >= t0
+    assert findings.exists() and findings.stat().st_mtime >= t_start
 
     again = subprocess.run(sweep_cmd(store), cwd=str(tmp_path), capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
