@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
 
 from tests.conftest import REPO
+from tests.waiting import wait_for
 
 # A stand-in for the Ray worker: launches a server whose child ("TP rank") ignores its
 # parent's death, prints the pids, then waits to be SIGKILLed.
@@ -40,12 +40,17 @@ def test_group_killed_when_the_worker_dies(tmp_path):
         assert len(pids) >= 2, pids  # the server and its child
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(
-                psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-            time.sleep(0.1)
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        assert alive == [], f"survived the worker: {alive}"
+        def alive() -> list[int]:
+            out = []
+            for p in pids:
+                try:
+                    if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                        out.append(p)
+                except psutil.NoSuchProcess:
+                    pass
+            return out
+
+        wait_for(lambda: alive() == [], 10, what=lambda: f"the group to die with the worker; alive: {alive()}")
     finally:
         for p in psutil.process_iter():
             try:
@@ -61,15 +66,10 @@ def test_reaper_exits_by_itself_after_a_normal_teardown(tmp_path):
 
     srv = launch([sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "s.log",
                  Timeouts(term_grace_s=1), "http://127.0.0.1:1")
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not _reapers_for(srv.proc.pid):
-        time.sleep(0.05)
-    assert _reapers_for(srv.proc.pid), "no reaper watches the server's group"
+    wait_for(lambda: _reapers_for(srv.proc.pid), 5, interval=0.05, what="a reaper watching the server's group")
     assert srv.terminate()
-    deadline = time.monotonic() + 5  # the watcher itself leaves once the group is gone
-    while time.monotonic() < deadline and _reapers_for(srv.proc.pid):
-        time.sleep(0.1)
-    assert _reapers_for(srv.proc.pid) == []
+    # the watcher itself leaves once the group is gone
+    wait_for(lambda: _reapers_for(srv.proc.pid) == [], 5, what="the reaper to exit after teardown")
 
 
 def _reapers_for(pgid: int) -> list[int]:

@@ -19,6 +19,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import REPO
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -91,15 +92,15 @@ def test_mlflow_outage_delays_sync_without_loss_or_duplicates(tmp_path):
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=str(tmp_path), stdout=out, stderr=subprocess.STDOUT)
     try:
-        t0 = time.monotonic()
-        while _finished(store) < 5:
-            assert proc.poll() is None and time.monotonic() - t0 < 180, log.read_text()[-3000:]
-            time.sleep(0.2)
+        def finished_at_least(n: int) -> bool:
+            assert proc.poll() is None, f"the sweep ended early: {log.read_text()[-3000:]}"
+            return _finished(store) >= n
+
+        wait_for(lambda: finished_at_least(5), 180, interval=0.2, what="5 finished trials")
         srv.stop()  # outage
         n_down = _finished(store)
-        while _finished(store) < n_down + 10 and proc.poll() is None:
-            time.sleep(0.2)
-        assert _finished(store) >= n_down + 10, "the sweep stopped during the MLflow outage"
+        wait_for(lambda: finished_at_least(n_down + 10), 180, interval=0.2,
+                 what="10 more trials during the MLflow outage (the sweep must go on)")
         srv.start()  # back, same port and backend store
         assert proc.poll() is None, "the sweep ended before MLflow was back: not a mid-sweep outage"
         n_back = _finished(store)
