@@ -43,7 +43,7 @@ smoke() {
   "$VENV/bin/python" -c '
 import torch
 assert torch.__version__.startswith("2.13.0"), torch.__version__
-from vllm.entrypoints.openai.cli_args import make_arg_parser  # noqa: F401
+from vllm.entrypoints.launchers.cli_args import make_arg_parser  # noqa: F401
 import transformers, tokenizers  # noqa: F401
 from transformers import LlamaForCausalLM  # noqa: F401
 '
