@@ -1,0 +1,123 @@
+"""The baseline section: this sweep's baseline, its history across the sweeps of one
+document, and drift (82.0 -> 89.5 tok/s is called out with what changed)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sweeps import records as R
+from sweeps.findings.context import Context, fp_hash
+from sweeps.findings.text import cfg, fmt, row, trials
+
+# A baseline that moved by more than this fraction between sweeps is called out. Source:
+# the emulated node's run-to-run noise is 1.5 % (conf/backend/emulated.yaml, real nodes
+# 1-2 %); 3 % is two standard deviations of one measurement.
+DRIFT_THRESHOLD = 0.03
+
+
+def baseline_entry(ctx: Context, records: Sequence[R.TrialRecord]) -> dict[str, Any] | None:
+    """This sweep's baseline as a data-block entry (study, date, tok_s, config, trials,
+    fingerprint and its hash), or None when the baseline has not run ok yet."""
+    val = R.baseline_value(list(records))
+    if val is None:
+        return None
+    runs = [r for r in records if r.is_baseline and r.status == "ok" and r.value is not None]
+    config = runs[0].params if runs else dict(ctx.baseline_config)
+    return {"study": ctx.study, "date": ctx.now, "tok_s": round(val, 3), "config": config,
+            "trials": [r.number for r in runs], "fingerprint": dict(ctx.fingerprint),
+            "fingerprint_hash": fp_hash(ctx.fingerprint)}
+
+
+def baseline_history(old: Mapping[str, Any], cur: dict[str, Any] | None, study: str) -> list[dict[str, Any]]:
+    """Earlier sweeps' baselines (from the old data block) plus this sweep's, oldest first;
+    this study's earlier entry is replaced by ``cur``."""
+    hist = [dict(e) for e in (old.get("baselines") or []) if isinstance(e, dict) and "tok_s" in e]
+    if cur is None:
+        return hist
+    return [e for e in hist if e.get("study") != study] + [cur]
+
+
+def _changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def baseline_drift(hist: Sequence[Mapping[str, Any]], study: str) -> dict[str, Any] | None:
+    """Compare this study's baseline with the most recent earlier sweep's.
+
+    Returns:
+        None without both, else ``{"from", "to" (tok/s), "change" (fraction), "moved"
+        (bool: beyond :data:`DRIFT_THRESHOLD` or config/environment changed), "since"
+        (study), "date", "config_changes" [(knob, old, new)], "env_changes" [(key, old, new)]}``.
+    """
+    cur = next((e for e in reversed(hist) if e.get("study") == study), None)
+    prev = next((e for e in reversed(hist) if e.get("study") != study), None)
+    if cur is None or prev is None or not prev.get("tok_s"):
+        return None
+    a, b = float(prev["tok_s"]), float(cur["tok_s"])
+    cfg_changes = _changes(prev.get("config") or {}, cur.get("config") or {})
+    env_changes = _changes(prev.get("fingerprint") or {}, cur.get("fingerprint") or {})
+    change = b / a - 1.0
+    return {"from": a, "to": b, "change": change, "since": prev.get("study"), "date": prev.get("date"),
+            "moved": abs(change) > DRIFT_THRESHOLD or bool(cfg_changes) or bool(env_changes),
+            "config_changes": cfg_changes, "env_changes": env_changes}
+
+
+def _drift_lines(drift: Mapping[str, Any] | None) -> list[str]:
+    if not drift:
+        return []
+    if not drift["moved"]:
+        return ["", f"Baseline unchanged within ±{DRIFT_THRESHOLD * 100:.0f} % since sweep `{drift['since']}` "
+                    f"({drift['from']:.1f} -> {drift['to']:.1f} tok/s)."]
+    why = []
+    if drift["config_changes"]:
+        why.append("baseline config changed: " + ", ".join(f"{k} {a} -> {b}" for k, a, b in drift["config_changes"]))
+    if drift["env_changes"]:
+        why.append("environment changed: " + ", ".join(f"{k} {a} -> {b}" for k, a, b in drift["env_changes"]))
+    if not why:
+        why.append("same config and environment: node state or run-to-run variation")
+    return ["", f"**Baseline moved: {drift['from']:.1f} -> {drift['to']:.1f} tok/s ({drift['change'] * 100:+.1f} %) "
+                f"since sweep `{drift['since']}` ({drift['date']}).** " + "; ".join(why) + "."]
+
+
+def _plain_reference_lines(ctx: Context, recs: Sequence[R.TrialRecord], base: float | None) -> list[str]:
+    """A plain-decoding config that beat the declared baseline by more than the noise: the
+    reference speculative configs must beat."""
+    plain = [r for r in recs if r.status == "ok" and r.value is not None and R.counts_for_level(r)
+             and r.duplicate_of is None and r.params.get("speculative", "none") in ("none", None)]
+    if not (base and plain):
+        return []
+    bp = max(plain, key=lambda r: r.value)
+    if bp.is_baseline or not bp.value > base * (1 + DRIFT_THRESHOLD):
+        return []
+    diff = [(k, ctx.baseline_config.get(k), v) for k, v in bp.params.items() if ctx.baseline_config.get(k) != v]
+    return ["", f"**The plain-decoding reference moved in this sweep: {base:.1f} -> {bp.value:.1f} tok/s "
+                f"({bp.value / base:.2f}x) with " + ", ".join(f"{k} {a} -> {b}" for k, a, b in diff)
+                + f" (t{bp.number}).** Speculative configs must beat this, not only the declared baseline; "
+                "consider it as `sweep.baseline` for the next sweep."]
+
+
+def baseline_section(ctx: Context, recs: Sequence[R.TrialRecord], base: float | None,
+                     cur_entry: Mapping[str, Any] | None, hist: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The "Baseline" section: the measured baseline (or why it is missing), drift since
+    the previous sweep of the document, a plain config that beat it, the history table."""
+    L = ["### Baseline", ""]
+    if base is None:
+        L.append(f"Not measured yet in this sweep (declared: {cfg(ctx.baseline_config)}). Speedups are computed "
+                 "against the baseline measured in the same sweep.")
+    else:
+        b_trials = [r.number for r in recs if r.is_baseline and r.status == "ok"]
+        L.append(f"**{base:.1f} tok/s** — {cfg(cur_entry['config'] if cur_entry else ctx.baseline_config)} "
+                 f"(measured in this sweep, {trials(b_trials)}). Every speedup below is against this number.")
+    failed_base = [r for r in recs if r.is_baseline and r.status in ("failed", "infra_error")]
+    if base is None and failed_base:
+        L.append(f"The baseline did not run: {failed_base[-1].failure_class} ({trials(r.number for r in failed_base)}).")
+    L += _drift_lines(baseline_drift(hist, ctx.study))
+    L += _plain_reference_lines(ctx, recs, base)
+    if len(hist) > 1:
+        L += ["", "| sweep | date | baseline tok/s | config | fingerprint |", "|---|---|---|---|---|"]
+        for e in hist[-10:]:
+            L.append(row([e.get("study"), e.get("date"), fmt(e.get("tok_s")), cfg(e.get("config") or {}),
+                          e.get("fingerprint_hash", "")]))
+    L.append("")
+    return L

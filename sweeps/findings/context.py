@@ -1,0 +1,99 @@
+"""What the findings section shows besides the records: the sweep's environment, space,
+rules and confirmation, gathered once per write (from a SweepSpec, or by hand in tests)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("servesweep.findings")
+
+
+@dataclass
+class Context:
+    """Everything besides the records that the section shows.
+
+    Attributes:
+        study: study name.  sweep: sweep config name.  description: sweep description.
+        node: ``{"name", "gpus", "gpu_name", "interconnect", "compute_capability"}``.
+        model: ``{"name", "path", "draft_path"}``.  backend: backend kind.
+        fingerprint: environment fingerprint (GPU arch, driver, CUDA, NCCL, torch, SGLang, FlashInfer).
+        objective: metric name (tok/s).  baseline_config: the declared baseline params.
+        space: the :class:`~sweeps.space.SearchSpace` (None: no untried analysis).
+        rules: failure rules known for this environment (``sweeps.rules.Rule``).
+        mapping: failure class -> implicated knobs (``conf/failure_knobs.yaml``).
+        confirmation: the winner confirmation (``sweeps.confirm``), or None.
+        now: timestamp shown as "updated" (ISO-8601).
+    """
+
+    study: str
+    sweep: str = ""
+    description: str = ""
+    node: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    backend: str = ""
+    fingerprint: dict[str, str] = field(default_factory=dict)
+    objective: str = "decode_tok_s"
+    baseline_config: dict[str, Any] = field(default_factory=dict)
+    space: Any = None
+    rules: list[Any] = field(default_factory=list)
+    mapping: dict[str, list[str]] = field(default_factory=dict)
+    confirmation: dict[str, Any] | None = None
+    now: str = ""
+
+
+def fp_hash(fp: Mapping[str, Any]) -> str:
+    """The first 12 hex digits of the fingerprint's hash ('' when it cannot be hashed)."""
+    try:
+        from sweeps.rules import fingerprint_hash
+
+        return fingerprint_hash(fp)[:12]
+    except (ValueError, ImportError):
+        return ""
+
+
+def _rules_for(spec: Any, study_name: str, fp: Mapping[str, str], rules: Any) -> tuple[list[Any], dict[str, list[str]]]:
+    """(rules that apply to this environment, model and study; failure class -> knobs)."""
+    rule_list: list[Any] = []
+    mapping: dict[str, list[str]] = {}
+    if rules is None:
+        return rule_list, mapping
+    try:
+        mapping = dict(rules.mapping)
+        if fp:
+            rule_list = [r for r in rules.list(fingerprint=fp)
+                         if (r.model is None or r.model == spec.model.name)
+                         and (r.scope_sweep is None or r.scope_sweep == study_name)]
+    except Exception as e:  # noqa: BLE001 - rules are context, not essential
+        log.warning("findings: could not read failure rules (%s)", e)
+    return rule_list, mapping
+
+
+def context_from_spec(spec: Any, study_name: str, fingerprint: Mapping[str, str] | None, rules: Any,
+                      confirmation: Mapping[str, Any] | None = None) -> Context:
+    """Build the :class:`Context` from a :class:`~sweeps.config.SweepSpec` and a RuleStore (or None)."""
+    fp = dict(fingerprint or {})
+    rule_list, mapping = _rules_for(spec, study_name, fp, rules)
+    return Context(
+        study=study_name, sweep=spec.sweep.name, description=spec.sweep.description,
+        node=spec.node.model_dump(), model=spec.model.model_dump(), backend=spec.backend.kind,
+        fingerprint=fp, objective=spec.sweep.objective, baseline_config=dict(spec.sweep.baseline),
+        space=_cached_space(spec), rules=rule_list, mapping=mapping,
+        confirmation=dict(confirmation) if confirmation else None,
+        now=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
+    )
+
+
+# Building a SearchSpace costs more than a findings write on large spaces; one per space.
+_SPACES: dict[str, Any] = {}
+
+
+def _cached_space(spec: Any) -> Any:
+    key = json.dumps({"p": spec.sweep.params, "c": spec.sweep.constraints}, sort_keys=True, default=str)
+    if key not in _SPACES:
+        _SPACES[key] = spec.space
+    return _SPACES[key]

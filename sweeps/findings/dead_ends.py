@@ -1,0 +1,126 @@
+"""The dead-ends section: every way a config failed or misled, with its evidence (trials,
+the knob values they share, the decisive log line) and what it saved later."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from sweeps import records as R
+from sweeps.findings.context import Context
+from sweeps.findings.text import cfg, code, fmt, trials
+
+
+def _degraded_line(r: R.TrialRecord) -> str | None:
+    """The log line saying the server took another allreduce path than configured."""
+    try:
+        from tasks.failures import detect_perf_findings
+
+        for f in detect_perf_findings(r.log_tail or ""):
+            if f.tag == R.DEGRADED:
+                return f.line.strip()
+    except ImportError:
+        pass
+    return None
+
+
+def _shared_knobs(ctx: Context, cls: str, rs: Sequence[R.TrialRecord]) -> dict[str, Any]:
+    """Knob values every failing trial of ``cls`` shares (restricted to the class's
+    implicated knobs when the mapping names them and that leaves any)."""
+    common = dict(rs[0].params)
+    for r in rs[1:]:
+        common = {k: v for k, v in common.items() if r.params.get(k) == v}
+    implicated = ctx.mapping.get(cls)
+    if implicated and "*" not in implicated:
+        names = {i.rstrip("?") for i in implicated}
+        narrowed = {k: v for k, v in common.items() if k in names}
+        common = narrowed or common
+    return common
+
+
+def failure_lines(ctx: Context, recs: Sequence[R.TrialRecord]) -> tuple[list[str], set[str]]:
+    """(one entry per failure class of launched trials, most frequent first; the classes seen)."""
+    out: list[str] = []
+    by_class: dict[str, list[R.TrialRecord]] = defaultdict(list)
+    for r in recs:
+        if r.status == "failed" and r.duplicate_of is None:
+            by_class[r.failure_class or "unknown"].append(r)
+    skipped_by_class = Counter(r.failure_class for r in recs if r.status == "skipped" and r.duplicate_of is None
+                               and r.failure_class)
+    for cls, rs in sorted(by_class.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        kind = rs[0].failure_kind or "?"
+        phase = Counter(r.phase for r in rs).most_common(1)[0][0]
+        sig = next((r.failure_signature for r in rs if r.failure_signature), "")
+        skipped = skipped_by_class.get(cls, 0)
+        out.append(f"- **{cls}** ({kind}, {phase}) when {cfg(_shared_knobs(ctx, cls, rs)) or 'any config'}: "
+                   f"{trials(r.number for r in rs)}"
+                   + (f"; {skipped} later proposal(s) skipped without GPU time" if skipped else ""))
+        if sig:
+            out.append(f"  - decisive line: {code(sig[:300])}")
+    return out, set(by_class)
+
+
+def degraded_lines(recs: Sequence[R.TrialRecord]) -> list[str]:
+    """One entry per allreduce level whose server silently fell back to NCCL."""
+    out: list[str] = []
+    degraded: dict[Any, list[R.TrialRecord]] = defaultdict(list)
+    for r in recs:
+        if r.status == "ok" and not R.counts_for_level(r) and r.duplicate_of is None:
+            degraded[r.params.get("allreduce")].append(r)
+    for level, rs in degraded.items():
+        skipped = sum(1 for r in recs if r.status == "skipped" and r.failure_class == R.DEGRADED
+                      and r.params.get("allreduce") == level)
+        line = next((x for x in (_degraded_line(r) for r in rs) if x), None)
+        out.append(f"- **allreduce={level} is not what runs** ({R.DEGRADED}): the server silently fell back to NCCL "
+                   f"({trials(r.number for r in rs)}; measured {fmt(max(r.value or 0 for r in rs))} tok/s is NCCL's, "
+                   f"never credited to {level})" + (f"; {skipped} later proposal(s) skipped" if skipped else ""))
+        if line:
+            out.append(f"  - decisive line: {code(line[:300])}")
+    return out
+
+
+def speculative_lines(recs: Sequence[R.TrialRecord], base: float | None) -> list[str]:
+    """An entry when every speculative config that ran was slower than the baseline."""
+    spec_ok = [r for r in recs if r.status == "ok" and r.value is not None and r.duplicate_of is None
+               and r.params.get("speculative") not in (None, "none") and R.counts_for_level(r)]
+    if not (base and spec_ok and all(r.value < base for r in spec_ok)):
+        return []
+    b = max(spec_ok, key=lambda r: r.value)
+    acc = [r.metrics.get("accept_length") for r in spec_ok if r.metrics.get("accept_length")]
+    if not acc:
+        return [f"- **speculative decoding never beat the baseline**: best {b.value:.1f} tok/s in t{b.number}"]
+    return [f"- **speculative decoding never beat the baseline** (spec_decode_no_speedup): best "
+            f"{b.value:.1f} tok/s = {b.value / base:.2f}x in t{b.number} ({cfg(b.params)}); "
+            f"{len(spec_ok)} trials, acceptance length {min(acc):.2f}–{max(acc):.2f}; "
+            f"ITL p99 {fmt(b.metrics.get('itl_ms_p99'))} ms vs p50 {fmt(b.metrics.get('itl_ms_p50'))} ms "
+            "(each verify cycle costs far more than one plain step)"]
+
+
+def mismatch_lines(conf: dict[str, Any] | None) -> list[str]:
+    """One entry per confirmed config whose greedy output differs from the baseline's."""
+    out: list[str] = []
+    for e in (conf or {}).get("entries", []):
+        if e.get("tokens_match") is False:
+            out.append(f"- **t{e['trial']} changes the output** (output_mismatch): greedy token ids differ from the "
+                       f"baseline's for the same prompts ({e.get('mismatch_detail', '')}); it cannot win however fast.")
+    return out
+
+
+def earlier_rule_lines(ctx: Context, seen_classes: set[str]) -> list[str]:
+    """Rules learned in earlier sweeps on this environment that this sweep did not hit itself."""
+    out: list[str] = []
+    older = [rule for rule in ctx.rules if rule.failure_class not in seen_classes]
+    for rule in older[:20]:
+        ev = ", ".join(f"{e.get('sweep')}#t{e.get('trial_number')}" for e in rule.evidence[:5])
+        out.append(f"- {rule.failure_class} when {cfg(rule.knobs) or 'any config'} (rule {rule.id}, learned earlier: {ev}); "
+                   f"decisive line: {code(rule.signature[:200])}")
+    return out
+
+
+def dead_ends_section(ctx: Context, recs: Sequence[R.TrialRecord], base: float | None) -> list[str]:
+    """The "Dead ends" section (or "None found yet.")."""
+    failures, seen = failure_lines(ctx, recs)
+    out = failures + degraded_lines(recs) + speculative_lines(recs, base) + mismatch_lines(ctx.confirmation)
+    out += earlier_rule_lines(ctx, seen)
+    return ["### Dead ends", "", *(out or ["None found yet."]), ""]

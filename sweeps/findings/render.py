@@ -1,0 +1,82 @@
+"""The servesweep section, rendered from the records and a :class:`Context`: pure (no
+filesystem, no storage); :func:`sweeps.findings.update_findings` writes it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sweeps import records as R
+from sweeps.findings.baseline import baseline_entry, baseline_history, baseline_section
+from sweeps.findings.context import Context
+from sweeps.findings.dead_ends import dead_ends_section
+from sweeps.findings.document import BEGIN, END, HEADER, data_line
+from sweeps.findings.groups import build_groups
+from sweeps.findings.sections import (
+    approaches_section,
+    best_section,
+    counts_line,
+    earlier_sweeps_section,
+    environment_section,
+)
+from sweeps.findings.untried import untried_section
+
+DATA_VERSION = 1
+SWEEPS_KEPT = 20  # earlier sweeps remembered in the data block
+
+
+def _winner(recs: Sequence[R.TrialRecord], conf: Mapping[str, Any] | None
+            ) -> tuple[R.TrialRecord | None, Mapping[str, Any] | None]:
+    """(the best record: the confirmed winner where confirmation named one; its confirmation entry)."""
+    best = R.best_record(list(recs))
+    if conf and conf.get("winner") is not None:
+        best = next((r for r in recs if r.number == conf["winner"]), best)
+        return best, next((e for e in conf.get("entries", []) if e.get("trial") == conf["winner"]), None)
+    return best, None
+
+
+def _sweeps_data(ctx: Context, recs: Sequence[R.TrialRecord], best: R.TrialRecord | None, base: float | None,
+                 old_data: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(earlier sweeps of the document, the remembered sweeps including this one)."""
+    prev = [e for e in (old_data.get("sweeps") or []) if isinstance(e, dict) and e.get("study") != ctx.study]
+    this = {"study": ctx.study, "date": ctx.now, "best_tok_s": best.value if best else None,
+            "best_config": best.params if best else None, "best_trial": best.number if best else None,
+            "baseline_tok_s": base, "launched": sum(r.launched for r in recs)}
+    return prev, (prev + [this])[-SWEEPS_KEPT:]
+
+
+def render_section(ctx: Context, records: Sequence[R.TrialRecord],
+                   old_data: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """Render the servesweep section (markers included, ends with a newline) and its data block.
+
+    Args:
+        ctx: sweep context (environment, space, rules, confirmation).
+        records: every trial of the study (:func:`sweeps.records.load_records`).
+        old_data: the data block of the previous document (baseline history), or None.
+    Returns:
+        ``(section_text, data)``.
+    """
+    old_data = old_data or {}
+    recs = list(records)
+    base = R.baseline_value(recs)
+    cur_entry = baseline_entry(ctx, recs)
+    hist = baseline_history(old_data, cur_entry, ctx.study)
+    conf = ctx.confirmation or None
+    best, winner_entry = _winner(recs, conf)
+    gk, groups = build_groups(ctx.space, recs)
+    prev, sweeps = _sweeps_data(ctx, recs, best, base, old_data)
+
+    L: list[str] = [BEGIN, HEADER, f"## servesweep findings: {ctx.study}", ""]
+    if ctx.description:
+        L += [f"_{ctx.description.strip()}_", ""]
+    L += [counts_line(ctx, recs), ""]
+    L += environment_section(ctx)
+    L += baseline_section(ctx, recs, base, cur_entry, hist)
+    L += best_section(best, base, conf, winner_entry)
+    L += approaches_section(gk, groups, base)
+    L += dead_ends_section(ctx, recs, base)
+    L += untried_section(ctx, recs, groups, gk)
+    L += earlier_sweeps_section(prev)
+    data = {"version": DATA_VERSION, "study": ctx.study, "updated": ctx.now, "baselines": hist, "sweeps": sweeps}
+    L += [data_line(data), END]
+    return "\n".join(L) + "\n", data
