@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sweeps.space import SearchSpace, SpaceError, parse_space
+from tasks.backends import available_backends
 from tasks.knobs import KNOWN_KNOBS, KnobError, render_launch
 from tasks.types import BenchSpec, Timeouts
 
@@ -72,7 +73,7 @@ class BackendConfig(_Model):
     no server, for benchmarks of the driver).
     """
 
-    kind: Literal["emulated", "sglang", "instant"]
+    kind: str
     launcher: list[str] = Field(min_length=1)
     tp_size: int | None = Field(default=None, ge=1)
     sglang_version: str = "0.5.23"
@@ -83,6 +84,13 @@ class BackendConfig(_Model):
     emulator: dict[str, Any] = Field(default_factory=dict)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     retries_transient: int = Field(default=1, ge=0, le=5)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        if v not in available_backends():
+            raise ValueError(f"unknown backend kind {v!r}; available: {', '.join(available_backends())}")
+        return v
 
 
 class BenchConfig(_Model):

@@ -118,6 +118,7 @@ class ServerProcess:
     timeouts: Timeouts
     container_name: str | None = None
     container_runtime: str = "docker"
+    health_path: str = "/health_generate"
     t_launch: float = field(default_factory=time.monotonic)
     t_healthy: float | None = None
     seen: dict[int, float] = field(default_factory=dict)  # pid -> create_time
@@ -175,7 +176,7 @@ class ServerProcess:
             return ""
 
     def wait_healthy(self, client: httpx.Client | None = None) -> float:
-        """Poll ``/health_generate`` until 200, watching the process on every loop.
+        """Poll :attr:`health_path` until 200, watching the process on every loop.
 
         Returns:
             startup time, s (launch -> healthy).
@@ -194,7 +195,7 @@ class ServerProcess:
                 if rc is not None:
                     raise LifecycleError(f"server exited with code {rc} during startup", "startup", None, rc)
                 try:
-                    r = client.get(self.base_url + "/health_generate", timeout=self.timeouts.health_request_s)
+                    r = client.get(self.base_url + self.health_path, timeout=self.timeouts.health_request_s)
                     if r.status_code == 200:
                         self.t_healthy = time.monotonic()
                         self.snapshot_tree()
@@ -259,6 +260,7 @@ def launch(
     base_url: str,
     container_name: str | None = None,
     pdeathsig: bool = True,
+    health_path: str = "/health_generate",
 ) -> ServerProcess:
     """Start the server: argv list (never a shell), own session, output to a file.
 
@@ -290,7 +292,8 @@ def launch(
         raise LifecycleError(f"launcher not found: {argv[0]!r} ({e.strerror})", "startup", "cli_arg_error") from None
     finally:
         log.close()
-    srv = ServerProcess(proc=proc, log_path=log_path, base_url=base_url, timeouts=timeouts, container_name=container_name)
+    srv = ServerProcess(proc=proc, log_path=log_path, base_url=base_url, timeouts=timeouts, container_name=container_name,
+                        health_path=health_path)
     srv.snapshot_tree()
     return srv
 
@@ -298,7 +301,7 @@ def launch(
 @contextlib.contextmanager
 def launched_server(
     argv: Sequence[str], env: dict[str, str], log_path: Path, base_url: str, timeouts: Timeouts,
-    container_name: str | None = None,
+    container_name: str | None = None, health_path: str = "/health_generate",
 ) -> Iterator[ServerProcess]:
     """Context manager around :func:`launch`; always tears the tree down on exit.
 
@@ -306,7 +309,7 @@ def launched_server(
         LifecycleError(teardown_timeout): a process survived SIGKILL (only when the body
             itself succeeded, so the body's own error is never masked).
     """
-    srv = launch(argv, env, log_path, timeouts, base_url, container_name)
+    srv = launch(argv, env, log_path, timeouts, base_url, container_name, health_path=health_path)
     ok = False
     try:
         yield srv

@@ -1,0 +1,44 @@
+"""Backends: how one engine turns a knob set into a launch, validates it, serves and is measured.
+
+One module per backend (``tasks/backends/<kind>.py``, ``kind`` = ``backend.kind`` of
+``conf/backend/*.yaml``), each defining ``BACKEND``: an instance of
+:class:`tasks.backends.base.Backend`. Adding a backend = one module here + one
+``conf/backend/<name>.yaml``; nothing else asks which backend it is.
+
+Stdlib only at import time (``tasks.sglang_cli`` runs inside the contract venv and imports
+the flag table from this package).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.backends.base import Backend
+
+# Modules of this package that are helpers, not backends.
+_NOT_BACKENDS = frozenset({"base", "flagtable", "lifecycle"})
+
+
+@cache
+def available_backends() -> tuple[str, ...]:
+    """The backend kinds this package provides, sorted (e.g. ``("emulated", "instant", "sglang")``)."""
+    names = (m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg)
+    return tuple(sorted(n for n in names if n not in _NOT_BACKENDS and not n.startswith("_")))
+
+
+def get_backend(kind: str) -> Backend:
+    """The backend for ``backend.kind`` (imports ``tasks.backends.<kind>``; its ``BACKEND``).
+
+    Raises:
+        ValueError: ``kind`` is not one of :func:`available_backends` (the message names
+            ``backend.kind`` and the available kinds).
+    """
+    kinds = available_backends()
+    if kind not in kinds:
+        raise ValueError(f"backend.kind={kind!r} is not a backend; available: {', '.join(kinds)} "
+                         f"(one module per backend in tasks/backends/)")
+    return importlib.import_module(f"tasks.backends.{kind}").BACKEND

@@ -1,0 +1,127 @@
+"""The backend protocol: what the driver and the generic trial lifecycle ask an engine.
+
+A backend answers, for one engine (SGLang, vLLM, the emulated node):
+
+* driver side (no GPU): its engine and version, the emulator profile it needs, how a knob
+  set becomes argv + env (:meth:`Backend.render`), how argvs are validated by the engine's
+  own parser (:meth:`Backend.validate`), the node's environment fingerprint;
+* node side (the generic lifecycle in :mod:`tasks.backends.lifecycle`): which ports a trial
+  reserves and how host/ports reach argv, the readiness URL, what a benchmark request looks
+  like, metrics read after the benchmark, how the log tells the path actually taken.
+
+:meth:`Backend.run_trial` runs the generic lifecycle; a backend that launches nothing
+(``instant``) overrides it. Backends are stateless singletons: every method takes what it
+needs (config mappings are plain dicts, see ``sweeps.config.backend_dict``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from tasks.types import BenchSpec, TrialResult, TrialSpec
+
+
+class Launch(NamedTuple):
+    """A rendered launch: ``argv`` without host/port flags (the node adds them, see
+    :meth:`Backend.server_argv`), ``env`` set on top of the node's, and ``expected`` paths
+    the server log must show (e.g. ``{"allreduce": "custom"}``)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    expected: dict[str, Any]
+
+
+class Backend:
+    """Base class of every backend; subclasses set the class attributes and override the hooks.
+
+    Attributes:
+        kind: ``backend.kind`` this module serves (``"sglang"``, ``"emulated"``, ...).
+        engine: the engine whose flags and HTTP API it speaks (``"sglang"`` | ``"vllm"``).
+        launches_server: False when trials run in-process (no ports, no server process).
+        checks_gpus: True for real engines: NVML checks the assigned GPUs are free before
+            launch and released after teardown.
+        ports: names of the TCP ports one trial reserves, in the order
+            :meth:`server_argv` receives them (SGLang: HTTP port and NCCL port).
+        health_path: readiness endpoint polled until it answers 200.
+    """
+
+    kind: str = ""
+    engine: str = "sglang"
+    launches_server: bool = True
+    checks_gpus: bool = True
+    ports: tuple[str, ...] = ("port",)
+    health_path: str = "/health"
+
+    # --- driver side -------------------------------------------------------------------
+    def engine_version(self, backend_cfg: Mapping[str, Any]) -> str:
+        """The engine version trials target (selects flag names in the knob table)."""
+        raise NotImplementedError
+
+    def profile(self, node: Mapping[str, Any], model: Mapping[str, Any],
+                backend_cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The emulator profile ``{"node", "model", "emulator"}`` trials need; None for real engines."""
+        return None
+
+    def render(self, params: Mapping[str, Any], node: Mapping[str, Any], model: Mapping[str, Any],
+               backend_cfg: Mapping[str, Any]) -> Launch:
+        """Knob values -> :class:`Launch` for this engine and version.
+
+        Raises:
+            tasks.knobs.KnobError: unknown knob/value, a missing config field, or a flag the
+                targeted version lacks (the message names it).
+        """
+        raise NotImplementedError
+
+    def validate(self, argvs: list[list[str]], backend_cfg: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """Check every argv with the engine's own argument parser.
+
+        Returns:
+            one ``{"ok": bool, "error": str | None, "flag": str | None}`` per argv, or None
+            when the engine's parser is not available here (nothing was checked).
+        """
+        return None
+
+    def fingerprint(self, profile: Mapping[str, Any] | None, gpu_indices: list[int] | None) -> dict[str, str]:
+        """This node's environment fingerprint (GPU arch, driver, CUDA, NCCL, torch, engine versions)."""
+        from tasks.fingerprint import collect_fingerprint
+
+        return collect_fingerprint(gpu_indices)
+
+    # --- node side: the lifecycle hooks -----------------------------------------------
+    def server_argv(self, argv: Sequence[str], host: str, ports: Sequence[int]) -> list[str]:
+        """``argv`` plus the flags that bind the server to ``host`` and the reserved ``ports``
+        (one per name in :attr:`ports`)."""
+        raise NotImplementedError
+
+    def benchmark(self, base_url: str, bench: BenchSpec,
+                  deadline_s: float | None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """Warm up and measure a healthy server.
+
+        Returns:
+            ``(metrics, records)``: the trial metrics (``decode_tok_s``, ``output_tok_s``,
+            ``ttft_ms_p50``, ``itl_ms_p50``/``p99`` in ms, ``accept_length``, ...) and one
+            JSON-able record per measured request.
+        Raises:
+            tasks.bench.BenchError: a request failed; ``kind`` ``stall`` | ``http`` |
+                ``connection`` | ``short`` decides the failure class.
+        """
+        raise NotImplementedError
+
+    def post_bench_metrics(self, base_url: str, metrics: dict[str, float]) -> dict[str, float]:
+        """Metrics completed from the server after the benchmark (default: unchanged)."""
+        return metrics
+
+    def paths_taken(self, log: str, expected: Mapping[str, Any]) -> list[str]:
+        """Perf tags from a healthy server's (redacted) log: a path the launch asked for but
+        the engine did not take (e.g. ``allreduce_path_degraded``). Default: none."""
+        return []
+
+    def run_trial(self, spec: TrialSpec, profile: dict[str, Any] | None, workdir: str | None) -> TrialResult:
+        """Run one trial end to end on this node (the generic server lifecycle by default).
+
+        Never raises for expected failures: they are data in the :class:`TrialResult`.
+        """
+        from tasks.backends.lifecycle import run_server_trial
+
+        return run_server_trial(self, spec, profile, workdir)

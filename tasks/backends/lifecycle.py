@@ -1,0 +1,200 @@
+"""The generic trial lifecycle on the node, asking its backend at every engine-specific step.
+
+Reserve the backend's ports -> (check GPUs free) -> launch ``backend.server_argv(...)`` ->
+poll ``backend.health_path`` -> ``backend.benchmark`` -> ``backend.post_bench_metrics`` ->
+tear the process tree down -> check the port (and GPUs) released -> ``backend.paths_taken``
+on the log -> :class:`tasks.types.TrialResult`.
+
+Expected failures (the config fails, the server crashes or stalls) are data in the result;
+only infrastructure failures (node or worker death) surface as Ray exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.bench import BenchError
+from tasks.failures import KIND, classify
+from tasks.redact import redact_argv, redact_env, redact_text
+from tasks.server import LifecycleError, ServerProcess, launched_server, port_is_free, reserve_ports
+from tasks.types import TrialResult, TrialSpec
+
+if TYPE_CHECKING:
+    from tasks.backends.base import Backend
+
+LOG_TAIL_LINES = 60
+PROFILE_ENV = "SERVESWEEP_EMULATOR_PROFILE"
+HOST = "127.0.0.1"
+
+
+def tail(text: str, n: int = LOG_TAIL_LINES) -> str:
+    """The last ``n`` lines of ``text``."""
+    return "\n".join(text.splitlines()[-n:])
+
+
+def launch_command(argv: list[str], env: dict[str, str]) -> str:
+    """Shell-quoted, redacted command with its env prefix (for humans and MLflow only)."""
+    e = redact_env(env)
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(e.items())), *map(shlex.quote, redact_argv(argv))])
+
+
+def node_name() -> str:
+    """``<hostname>/<Ray node id prefix>`` inside Ray, else the hostname."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
+    except Exception:  # noqa: BLE001 - outside Ray, or an old Ray: the hostname is enough
+        pass
+    return socket.gethostname()
+
+
+def gpu_indices() -> list[int]:
+    """The GPU indices Ray assigned to this task, else ``CUDA_VISIBLE_DEVICES``'s."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return [int(x) for x in ray.get_gpu_ids()]
+    except Exception:  # noqa: BLE001
+        pass
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return [int(x) for x in vis.split(",") if x.strip().isdigit()]
+
+
+def new_result(backend: Backend, spec: TrialSpec,
+               profile: dict[str, Any] | None) -> tuple[TrialResult, list[str], dict[str, str]]:
+    """A fresh ``ok`` result with node, GPUs and fingerprint, and the argv (``{python}`` resolved
+    to this interpreter) and env to launch."""
+    argv = [sys.executable if a == "{python}" else a for a in spec.argv]
+    res = TrialResult(status="ok", node=node_name(), gpu_ids=gpu_indices())
+    try:
+        res.fingerprint = backend.fingerprint(profile, gpu_indices())
+    except Exception as e:  # noqa: BLE001 - a fingerprint problem must not kill the trial
+        res.fingerprint = {"error": f"{type(e).__name__}: {e}"}
+    return res, argv, dict(spec.env)
+
+
+def _failure(res: TrialResult, log: str, exit_code: int | None, phase: str, harness_class: str | None) -> TrialResult:
+    c = classify(redact_text(log), exit_code, phase)  # the signature leaves the node: classify the redacted log
+    cls, sig = c.failure_class, c.signature
+    if harness_class and (cls in ("unknown", "startup_timeout", "server_crash") or c.kind == "perf"):
+        cls = harness_class
+        sig = sig or harness_class
+    res.status = "infra_error" if KIND.get(cls) == "infra" else "failed"
+    res.failure_class, res.failure_kind, res.failure_signature = cls, KIND.get(cls, "transient"), sig
+    res.phase, res.exit_code = phase, exit_code
+    return res
+
+
+def _trial_dir(spec: TrialSpec, workdir: str | None) -> Path:
+    base = Path(workdir or Path(os.environ.get("TMPDIR", "/tmp")) / "servesweep-trials")
+    tdir = base / spec.sweep / f"t{spec.trial_number:05d}-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+    tdir.mkdir(parents=True, exist_ok=True)
+    return tdir
+
+
+def _measure(backend: Backend, srv: ServerProcess, spec: TrialSpec, res: TrialResult) -> None:
+    """Benchmark a healthy server into ``res`` (metrics, records, bench_s).
+
+    Raises:
+        LifecycleError: ``bench_stall``, ``server_crash`` or ``early_exit`` (phase ``bench``).
+    """
+    t_bench = time.monotonic()
+    try:
+        metrics, records = backend.benchmark(srv.base_url, spec.bench, spec.timeouts.bench_s)
+    except BenchError as e:
+        # a lost connection usually means the server is exiting: wait for its code
+        rc = srv.returncode() if e.kind == "stall" else srv.wait_exit(2.0)
+        if rc is None and e.kind == "stall":
+            raise LifecycleError(str(e), "bench", "bench_stall") from None
+        if rc is None:
+            raise LifecycleError(str(e), "bench", "server_crash") from None
+        raise LifecycleError(str(e), "bench", "early_exit" if rc == 0 else "server_crash", rc) from None
+    bench_s = time.monotonic() - t_bench
+    res.metrics = backend.post_bench_metrics(srv.base_url, metrics)
+    res.bench, res.bench_s = records, bench_s  # bench_s set last: it marks the teardown phase
+
+
+def _serve_and_measure(backend: Backend, spec: TrialSpec, argv: list[str], env: dict[str, str],
+                       log_path: Path, res: TrialResult) -> None:
+    """Ports -> GPUs free -> launch -> healthy -> benchmark -> teardown -> ports/GPUs released.
+
+    Raises:
+        LifecycleError: any lifecycle failure, with its phase and harness class.
+    """
+    if backend.checks_gpus:
+        from tasks.gpus import GpuBusyError, assert_gpus_free
+
+        try:
+            assert_gpus_free(gpu_indices())
+        except GpuBusyError as e:
+            raise LifecycleError(str(e), "preflight", "gpu_busy") from None
+    with reserve_ports(len(backend.ports)) as ports:
+        full = backend.server_argv(argv, HOST, ports)
+        res.launch_command = launch_command(full, spec.env)
+        base_url = f"http://{HOST}:{ports[0]}"
+        with launched_server(full, env, log_path, base_url, spec.timeouts, spec.container_name,
+                             health_path=backend.health_path) as srv:
+            res.startup_s = srv.wait_healthy()
+            _measure(backend, srv, spec, res)
+        if not port_is_free(ports[0]):
+            time.sleep(1.0)
+            if not port_is_free(ports[0]):
+                raise LifecycleError(f"port {ports[0]} still bound after teardown", "teardown", "teardown_timeout")
+    if backend.checks_gpus:
+        from tasks.gpus import wait_gpus_released
+
+        if not wait_gpus_released(gpu_indices(), spec.timeouts.gpu_release_s):
+            raise LifecycleError("GPU memory not released after teardown", "teardown", "teardown_timeout")
+
+
+def run_server_trial(backend: Backend, spec: TrialSpec, profile: dict[str, Any] | None,
+                     workdir: str | None) -> TrialResult:
+    """Run one trial end to end through a launched server and return its result (never raises
+    for expected failures).
+
+    Args:
+        backend: the backend that launches, benchmarks and reads the server.
+        spec: the rendered trial (argv without host/port flags).
+        profile: emulator profile ``{"node", "model", "emulator"}`` (written to the trial
+            directory and passed in ``SERVESWEEP_EMULATOR_PROFILE``), or None.
+        workdir: where trial directories go (server log); default ``<tmp>/servesweep-trials``.
+    Returns:
+        :class:`TrialResult`; ``gpu_s`` = wall time holding the GPUs × ``spec.gpus``.
+    """
+    t0 = time.monotonic()
+    res, argv, env = new_result(backend, spec, profile)
+    tdir = _trial_dir(spec, workdir)
+    log_path = tdir / "server.log"
+    if profile is not None:
+        (tdir / "profile.json").write_text(json.dumps(profile))
+        env[PROFILE_ENV] = str(tdir / "profile.json")
+    try:
+        _serve_and_measure(backend, spec, argv, env, log_path, res)
+    except LifecycleError as e:
+        with open(log_path, "a", encoding="utf-8") as f:
+            f.write(f"\n[servesweep] {e.phase}: {e}\n")
+        rc = e.exit_code  # observed before teardown; after it a SIGTERMed server exits 0
+        _failure(res, log_path.read_text(errors="replace"), rc, e.phase, e.failure_class)
+    except Exception as e:  # noqa: BLE001 - a harness bug is an infra error, never a crashed sweep
+        phase = "teardown" if res.bench_s else "bench" if res.startup_s else "startup"
+        res.status, res.phase, res.failure_class, res.failure_kind = "infra_error", phase, "unknown", "infra"
+        res.failure_signature = redact_text(f"harness error: {type(e).__name__}: {e}")[:500]
+    # KeyboardInterrupt / Ray task cancellation propagate: launched_server already tore down.
+    log = redact_text(log_path.read_text(errors="replace")) if log_path.exists() else ""
+    if res.status == "ok":
+        res.perf_tags = backend.paths_taken(log, spec.expected_paths)
+    res.server_log = log[-(1 << 20):]
+    res.log_tail = tail(log)
+    res.wall_s = time.monotonic() - t0
+    res.gpu_s = res.wall_s * spec.gpus
+    return res

@@ -1,0 +1,76 @@
+"""The real SGLang server (``backend=sglang``): flags from the knob table, SGLang's own parser,
+native streaming ``/generate`` benchmark, acceptance length from ``/server_info``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tasks.backends.base import Backend, Launch
+from tasks.bench import fetch_server_info, run_benchmark
+from tasks.failures import detect_perf_tags
+from tasks.knobs import render_launch
+from tasks.sglang_cli import DEFAULT_SGLANG_VERSION, SGLangUnavailable, check_many
+from tasks.types import BenchSpec
+
+#: Interpreter of the contract venv (scripts/contract_env.sh): SGLang's parser on CPU torch,
+#: used to validate argvs when SGLang is not importable here and ``backend.python`` is unset.
+CONTRACT_PYTHON = Path(__file__).resolve().parents[2] / ".contract-venv" / "bin" / "python"
+
+
+class SGLangBackend(Backend):
+    """SGLang ``launch_server`` on a GPU node (see :class:`tasks.backends.base.Backend`)."""
+
+    kind = "sglang"
+    engine = "sglang"
+    launches_server = True
+    checks_gpus = True
+    ports = ("port", "nccl_port")
+    # /health answered 200 without generating in older releases; /health_generate runs a
+    # 1-token generation (shared/data/failure_taxonomy.md § 5).
+    health_path = "/health_generate"
+
+    def engine_version(self, backend_cfg: Mapping[str, Any]) -> str:
+        return str(backend_cfg.get("sglang_version") or DEFAULT_SGLANG_VERSION)
+
+    def render(self, params: Mapping[str, Any], node: Mapping[str, Any], model: Mapping[str, Any],
+               backend_cfg: Mapping[str, Any]) -> Launch:
+        return Launch(*render_launch(params, node, model, backend_cfg))
+
+    def validate(self, argvs: list[list[str]], backend_cfg: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """SGLang's parser: in-process when SGLang is importable, else ``backend.python`` or the
+        contract venv's interpreter (one subprocess for the whole batch); None when none has it."""
+        python = backend_cfg.get("python")
+        if python is None and CONTRACT_PYTHON.exists():
+            python = str(CONTRACT_PYTHON)
+        try:
+            return check_many(argvs, python=python)
+        except SGLangUnavailable:
+            return None
+
+    def server_argv(self, argv: Sequence[str], host: str, ports: Sequence[int]) -> list[str]:
+        port, nccl_port = ports
+        return [*argv, "--host", host, "--port", str(port), "--nccl-port", str(nccl_port)]
+
+    def benchmark(self, base_url: str, bench: BenchSpec,
+                  deadline_s: float | None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """Streaming greedy ``/generate`` with token ids (:func:`tasks.bench.run_benchmark`)."""
+        metrics, records = run_benchmark(base_url, bench, deadline_s=deadline_s)
+        return metrics, [r.to_dict() for r in records]
+
+    def post_bench_metrics(self, base_url: str, metrics: dict[str, float]) -> dict[str, float]:
+        """Acceptance length from ``/server_info``'s ``internal_states[0].avg_spec_accept_length``
+        when the streams carried no ``spec_verify_ct`` (``accept_length`` still 1.0)."""
+        info = fetch_server_info(base_url)
+        states = info.get("internal_states") or [{}]
+        if metrics.get("accept_length", 1.0) == 1.0 and states[0].get("avg_spec_accept_length"):
+            metrics["accept_length"] = float(states[0]["avg_spec_accept_length"])
+        return metrics
+
+    def paths_taken(self, log: str, expected: Mapping[str, Any]) -> list[str]:
+        """``allreduce_path_degraded`` etc. from SGLang's log lines (:func:`tasks.failures.detect_perf_tags`)."""
+        return detect_perf_tags(log)
+
+
+BACKEND = SGLangBackend()
