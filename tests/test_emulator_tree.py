@@ -1,4 +1,4 @@
-"""EAGLE tree acceptance model (tasks.emulator.model: rank_probs, draft_tree, tau, position_probs)."""
+"""EAGLE tree acceptance model (tasks.emulator.eagle via tasks.emulator.model: rank_probs, draft_tree, tau, position_probs)."""
 
 from __future__ import annotations
 
