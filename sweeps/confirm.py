@@ -1,7 +1,7 @@
 """Confirm the winner before declaring it.
 
 ``confirm_top(driver, k, repeats)`` re-launches the top ``k`` configs of the study and the
-baseline ``repeats`` times each through the driver's Ray trial task (fresh launches; the
+baseline ``repeats`` times each through the driver's executor (fresh launches; the
 sweep's own single measurement is *not* reused, so the selection's luck -- the winner's
 curse -- does not carry over), and reports per config the mean decode tok/s with a
 t-distribution confidence interval (scipy), the speedup over the baseline's mean with
@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sweeps import records as R
+from sweeps.executor import Executor, RayExecutor, collect
 from tasks.types import TrialResult, TrialSpec
 
 log = logging.getLogger("servesweep.confirm")
@@ -143,8 +144,8 @@ def confirm_top(driver: Any, k: int = 3, repeats: int = 5, confidence: float = 0
     """Re-measure the top ``k`` configs and the baseline ``repeats`` times; pick the winner.
 
     Args:
-        driver: a set-up :class:`sweeps.driver.Driver` (uses its study, spec, profile,
-            ``_trial_task``, ``ray`` and ``max_inflight``).
+        driver: a set-up :class:`sweeps.loop.Driver` (uses its study, spec, profile, backend
+            and executor, see :func:`executor_of`).
         k: configs to confirm (0 = skip).  repeats: fresh launches per config (>= 2 for an interval).
         confidence: interval level (0.95).
         extra_env: extra server environment per config (``{config_key: env}`` or a function
@@ -169,10 +170,36 @@ def confirm_top(driver: Any, k: int = 3, repeats: int = 5, confidence: float = 0
         log.info("confirmation of trials %s already done; reusing it", cand_ids)
         return old
     t0 = time.monotonic()
-    spec = driver.spec
+    jobs = _jobs(driver, todo, repeats, extra_env)
+    log.info("confirming %d config(s) x %d repeats (%d launches)", len(todo), repeats, len(jobs))
+    results = run_jobs(executor_of(driver), jobs, len(todo), lambda: bool(getattr(driver, "interrupted", False)))
+    if getattr(driver, "interrupted", False):
+        log.warning("confirmation interrupted; nothing stored")
+        return {}
+    out = summarize(todo, results, repeats, confidence, driver.spec.sweep.objective)
+    out.update(top_k=k, candidates=cand_ids, date=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
+               wall_s=round(time.monotonic() - t0, 2))
+    _store(driver.study, out)
+    return out
+
+
+def executor_of(driver: Any) -> Executor:
+    """The driver's executor (a driver-like object with Ray parts gets a :class:`RayExecutor` over them)."""
+    ex = getattr(driver, "executor", None)
+    if ex is not None:
+        return ex
+    return RayExecutor(driver.ray, driver._trial_task, None, str(driver.spec.store_dir / "work"),
+                       max(1, int(getattr(driver, "max_inflight", 1))))
+
+
+def _jobs(driver: Any, todo: list[tuple[R.TrialRecord, bool]], repeats: int,
+          extra_env: Mapping[str, Mapping[str, str]] | Callable[[dict], Mapping[str, str]] | None,
+          ) -> list[tuple[int, TrialSpec, dict[str, Any] | None]]:
+    """One fresh launch per (config, repeat): ``(config index, spec, profile with its own noise seed)``."""
     from tasks.knobs import render_launch
 
-    jobs: list[tuple[int, int, TrialSpec, Any]] = []
+    spec = driver.spec
+    jobs: list[tuple[int, TrialSpec, dict[str, Any] | None]] = []
     for idx, (r, _) in enumerate(todo):
         argv, env, expected = render_launch(r.params, spec.node.model_dump(), spec.model.model_dump(), driver.backend)
         env = dict(env)
@@ -187,42 +214,30 @@ def confirm_top(driver: Any, k: int = 3, repeats: int = 5, confidence: float = 0
             if driver.profile is not None:  # a fresh launch draws fresh run-to-run noise
                 prof = copy.deepcopy(driver.profile)
                 prof["emulator"]["seed"] = int(prof["emulator"].get("seed") or 0) + 7919 * (rep + 1) + 104_729 * r.number
-            jobs.append((idx, rep, ts, prof))
-    results: dict[int, list[TrialResult]] = {i: [] for i in range(len(todo))}
+            jobs.append((idx, ts, prof))
+    return jobs
+
+
+def run_jobs(executor: Executor, jobs: list[tuple[int, TrialSpec, dict[str, Any] | None]], n_configs: int,
+             interrupted: Callable[[], bool]) -> dict[int, list[TrialResult]]:
+    """Run ``jobs`` through ``executor`` (its slots full); results per config index. A task
+    that raised counts as ``infra_error`` (a missing run). On interruption running tasks are cancelled."""
+    results: dict[int, list[TrialResult]] = {i: [] for i in range(n_configs)}
     pending = list(jobs)
     inflight: dict[Any, int] = {}
-    workdir = str(spec.store_dir / "work")
-    limit = max(1, int(getattr(driver, "max_inflight", 1)))
-    log.info("confirming %d config(s) x %d repeats (%d launches)", len(todo), repeats, len(jobs))
     while pending or inflight:
-        while pending and len(inflight) < limit and not getattr(driver, "interrupted", False):
-            idx, rep, ts, prof = pending.pop(0)
-            inflight[driver._trial_task.remote(ts, prof, workdir)] = idx
+        while pending and len(inflight) < executor.slots and not interrupted():
+            idx, ts, prof = pending.pop(0)
+            inflight[executor.submit(ts, prof)] = idx
         if not inflight:
             break
-        ready, _ = driver.ray.wait(list(inflight), num_returns=1, timeout=1.0)
-        for ref in ready:
-            idx = inflight.pop(ref)
-            try:
-                res = driver.ray.get(ref)
-            except Exception as e:  # noqa: BLE001 - infra: the run counts as missing
-                res = TrialResult(status="infra_error", failure_class="node_lost", failure_signature=str(e)[:200])
-            results[idx].append(res)
-        if getattr(driver, "interrupted", False) and not pending:
+        for ref in executor.wait(list(inflight), timeout=1.0):
+            results[inflight.pop(ref)].append(collect(executor, ref))
+        if interrupted() and not pending:
             for ref in list(inflight):
-                try:
-                    driver.ray.cancel(ref)
-                except Exception:  # noqa: BLE001
-                    pass
+                executor.cancel(ref)
             inflight.clear()
-    if getattr(driver, "interrupted", False):
-        log.warning("confirmation interrupted; nothing stored")
-        return {}
-    out = summarize(todo, results, repeats, confidence, spec.sweep.objective)
-    out.update(top_k=k, candidates=cand_ids, date=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
-               wall_s=round(time.monotonic() - t0, 2))
-    _store(driver.study, out)
-    return out
+    return results
 
 
 def summarize(todo: list[tuple[R.TrialRecord, bool]], results: Mapping[int, list[TrialResult]], repeats: int,

@@ -23,8 +23,9 @@ change; they are listed as ``not re-run``). Outcomes:
 
 The recheck study (same Optuna storage) is named ``<source>-recheck-<fingerprint hash[:8]>``
 (or ``study_name=``), so running the same command again resumes it; each trial keeps its
-dead end in the user attr ``recheck``. It runs through :class:`sweeps.driver.Driver`
-(Ray tasks, retries, MLflow child runs, circuit breaker): failures on the new stack are
+dead end in the user attr ``recheck``. It runs through the sweep loop
+(:class:`sweeps.loop.Driver`: its executor, retries, MLflow child runs, circuit breaker;
+only the proposals and the report differ): failures on the new stack are
 learned as rules for the new fingerprint as in any sweep. The report (markdown) goes to
 ``findings/<recheck study>.md``, is printed, and is logged to the MLflow parent run with
 tags ``recheck.fixed``, ``recheck.still_failing``, ``recheck.newly_failing``.
@@ -32,10 +33,9 @@ tags ``recheck.fixed``, ``recheck.still_failing``, ``recheck.newly_failing``.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import optuna
@@ -44,75 +44,34 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeps import records as R
 from sweeps.config import SweepSpec
-from sweeps.driver import EXIT_INTERRUPTED, Driver, SweepError, emulator_profile, execute
+from sweeps.lifecycle import EXIT_INTERRUPTED, execute
+from sweeps.loop import Driver
+from sweeps.preflight import emulator_profile
+from sweeps.publish import Publisher, guard
+from sweeps.recheck_report import (  # noqa: F401 - re-exported: the recheck's public names
+    A_DISTS,
+    A_RECHECK,
+    FIXED,
+    INCONCLUSIVE,
+    NEW_CLASS,
+    NEWLY_FAILING,
+    NOT_RERUN,
+    PENDING,
+    SOURCE_ATTR,
+    STILL_FAILING,
+    STILL_OK,
+    DeadEnd,
+    Outcome,
+    _counts,
+    outcomes,
+    report_markdown,
+)
+from sweeps.study import SweepError
 
 log = logging.getLogger("servesweep")
 
-#: user attr of each recheck trial: the dead end (or canary) it re-runs, see :class:`DeadEnd`.
-A_RECHECK = "recheck"
-A_DISTS = "recheck_distributions"
-SOURCE_ATTR = "recheck_source"
-
-FIXED = "fixed"
-STILL_FAILING = "still failing"
-NEW_CLASS = "still failing (new class)"
-STILL_OK = "still ok"
-NEWLY_FAILING = "newly failing"
-NOT_RERUN = "not re-run (same environment)"
-INCONCLUSIVE = "inconclusive"
-PENDING = "pending"
-
 __all__ = ["DeadEnd", "Outcome", "RecheckDriver", "collect_dead_ends", "current_fingerprint", "outcomes",
            "recheck", "recheck_study_name", "report_markdown", "run_recheck"]
-
-
-@dataclass
-class DeadEnd:
-    """One thing a recheck re-runs.
-
-    Attributes:
-        kind: ``rule`` (a failure rule), ``degraded`` (an allreduce level silently
-            replaced) or ``canary`` (the source's baseline / best config).
-        failure_class: the class it failed with (``allreduce_path_degraded`` for degraded,
-            None for canaries).
-        knobs: implicated knob values (a rule's ``knobs``; ``{"allreduce": level}``;
-            the full config for canaries).
-        params: the full config re-run (from the source trial).
-        source_trial: the source trial number the config comes from.
-        rule_ids: rules merged into this dead end (same class and knobs, any fingerprint).
-        fingerprint_hash: environment the dead end was observed on.
-        source_value: the canary's objective in the source (tok/s), else None.
-        label: short description for the report.
-    """
-
-    kind: str
-    failure_class: str | None
-    knobs: dict[str, Any]
-    params: dict[str, Any]
-    source_trial: int
-    rule_ids: list[int] = field(default_factory=list)
-    fingerprint_hash: str | None = None
-    source_value: float | None = None
-    label: str = ""
-
-    @property
-    def key(self) -> str:
-        """Distinctness key: (kind, class, implicated knobs)."""
-        return json.dumps([self.kind if self.kind != "canary" else f"canary:{self.label}", self.failure_class,
-                           self.knobs], sort_keys=True, default=str)
-
-
-@dataclass
-class Outcome:
-    """A dead end and what the recheck saw (``outcome`` is one of the module constants)."""
-
-    dead_end: DeadEnd
-    outcome: str
-    trial: int | None = None
-    status: str | None = None
-    failure_class: str | None = None
-    value: float | None = None
-
 
 def recheck_study_name(source: str, fingerprint: dict[str, Any]) -> str:
     """``<source>-recheck-<first 8 hex of the fingerprint hash>`` (:func:`sweeps.rules.fingerprint_hash`)."""
@@ -228,19 +187,50 @@ def collect_dead_ends(source_study: optuna.Study, rules: Any) -> list[DeadEnd]:
     return sorted(out.values(), key=lambda d: (order[d.kind], d.source_trial))
 
 
+class RecheckPublisher(Publisher):
+    """Publishes a recheck: the recheck report instead of the findings document, and the
+    outcome counts as parent-run tags. ``not_rerun`` gives the dead ends not re-run."""
+
+    def __init__(self, spec: SweepSpec, study_name: str, driver: RecheckDriver, **kw: Any):
+        super().__init__(spec, study_name, **kw)
+        self.driver = driver
+
+    def not_rerun(self) -> list[DeadEnd]:
+        return getattr(self.driver, "not_rerun", [])
+
+    def write_findings(self, study: optuna.Study, recs: list[R.TrialRecord], fingerprint: dict[str, str],
+                       rules: Any) -> None:
+        with guard("write the recheck report"):
+            self.spec.findings_path.parent.mkdir(parents=True, exist_ok=True)
+            self.spec.findings_path.write_text(report_markdown(self.study_name, str(self.spec.source), fingerprint,
+                                                               outcomes(study, self.not_rerun())))
+
+    def log_parent_artifacts(self, study: optuna.Study) -> None:
+        counts = _counts(outcomes(study, self.not_rerun()))
+        self.tracker.set_parent_tags({"recheck.source": self.spec.source,
+                                      **{f"recheck.{k.replace(' ', '_').replace('(', '').replace(')', '')}": v
+                                         for k, v in counts.items()}})
+        self.write_findings(study, [], self.driver.fingerprint, None)
+        super().log_parent_artifacts(study)
+
+
 class RecheckDriver(Driver):
-    """The sweep driver re-running a fixed list of configs (the source's dead ends) once each.
+    """The sweep loop re-running a fixed list of configs (the source's dead ends) once each.
 
     ``setup()`` additionally loads the source study (``spec.source``), collects its dead
     ends (:func:`collect_dead_ends`) and enqueues those not learned on the current
-    fingerprint (``skip_if_exists``: a resumed recheck does not repeat them). The loop
-    asks only enqueued trials (with the source trial's distributions) and launches them
-    without rule/duplicate checks; everything after a launch (retries, telling Optuna,
-    learning rules for the new fingerprint, MLflow) is the Driver's.
+    fingerprint (``skip_if_exists``: a resumed recheck does not repeat them). It asks only
+    enqueued trials (with the source trial's distributions) and launches them without the
+    proposal gates; everything after a launch (retries, telling Optuna, learning rules for
+    the new fingerprint, MLflow) is the loop's.
     """
 
+    gated = False
     dead_ends: list[DeadEnd]
     not_rerun: list[DeadEnd]
+
+    def make_publisher(self) -> Publisher:
+        return RecheckPublisher(self.spec, self.study_name, self, track=self.track, quiet=self.quiet)
 
     def setup(self) -> None:
         super().setup()
@@ -262,106 +252,18 @@ class RecheckDriver(Driver):
         log.info("recheck of %s on %s: %d dead end(s)/canaries to re-run, %d learned on this environment (not re-run)",
                  source, self.study_name, len(self.dead_ends), len(self.not_rerun))
 
-    def _propose(self) -> bool:
+    def ask(self) -> tuple[optuna.trial.Trial, dict[str, Any]] | None:
+        """The next enqueued dead end (asked with its source trial's distributions); None when done."""
         waiting = sorted(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)), key=lambda t: t.number)
         if not waiting:
-            return False
-        self.asks += 1
+            return None
         dists = {k: json_to_distribution(v) for k, v in (waiting[0].user_attrs.get(A_DISTS) or {}).items()}
         trial = self.study.ask(fixed_distributions=dists)
-        params = dict(trial.params)
-        trial.set_user_attr(R.A_CONFIG_KEY, R.config_key(params))
-        self.consecutive_skips = 0
-        self._launch(trial, params)
-        return True
+        return trial, dict(trial.params)
 
-    # ---- report -------------------------------------------------------------------------
     def outcomes(self) -> list[Outcome]:
         """Outcome of every dead end of this recheck (not re-run ones included)."""
         return outcomes(self.study, getattr(self, "not_rerun", []))
-
-    def _write_findings(self, recs: list[R.TrialRecord]) -> None:
-        try:
-            self.spec.findings_path.parent.mkdir(parents=True, exist_ok=True)
-            self.spec.findings_path.write_text(report_markdown(self.study_name, str(self.spec.source), self.fingerprint,
-                                                               self.outcomes()))
-        except Exception as e:  # noqa: BLE001 - a report problem never stops the recheck
-            log.error("could not write the recheck report: %s", e)
-
-    def _log_parent_artifacts(self) -> None:
-        if self.tracker is not None and self.tracker.parent_run_id:
-            counts = _counts(self.outcomes())
-            self.tracker.set_parent_tags({"recheck.source": self.spec.source,
-                                          **{f"recheck.{k.replace(' ', '_').replace('(', '').replace(')', '')}": v
-                                             for k, v in counts.items()}})
-        self._write_findings([])
-        super()._log_parent_artifacts()
-
-
-def outcomes(study: optuna.Study, not_rerun: list[DeadEnd] | None = None) -> list[Outcome]:
-    """Classify each recheck trial of ``study`` against the dead end it re-ran.
-
-    A dead end re-run twice (a resumed recheck after an interruption) takes its last
-    conclusive trial.
-    """
-    res: dict[str, Outcome] = {}
-    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
-        raw = t.user_attrs.get(A_RECHECK)
-        if not raw:
-            continue
-        d = DeadEnd(**raw)
-        r = R.record_from_trial(t)
-        if t.state in (TrialState.WAITING, TrialState.RUNNING):
-            o = Outcome(d, PENDING, t.number)
-        elif r.status in ("infra_error", "interrupted") or r.status not in ("ok", "failed"):
-            o = Outcome(d, INCONCLUSIVE, t.number, r.status, r.failure_class)
-        elif d.kind == "canary":
-            o = Outcome(d, STILL_OK if r.status == "ok" else NEWLY_FAILING, t.number, r.status, r.failure_class, r.value)
-        elif r.status == "ok" and R.counts_for_level(r):
-            o = Outcome(d, FIXED, t.number, r.status, None, r.value)
-        elif r.status == "ok":  # ran, but the allreduce level was silently replaced
-            o = Outcome(d, STILL_FAILING if d.failure_class == R.DEGRADED else NEW_CLASS, t.number, r.status,
-                        R.DEGRADED, r.value)
-        else:
-            o = Outcome(d, STILL_FAILING if r.failure_class == d.failure_class else NEW_CLASS, t.number, r.status,
-                        r.failure_class)
-        prev = res.get(d.key)
-        if prev is None or prev.outcome in (PENDING, INCONCLUSIVE) or o.outcome not in (PENDING, INCONCLUSIVE):
-            res[d.key] = o
-    for d in not_rerun or []:
-        res.setdefault(d.key, Outcome(d, NOT_RERUN))
-    return list(res.values())
-
-
-def _counts(outs: list[Outcome]) -> dict[str, int]:
-    c: dict[str, int] = {}
-    for o in outs:
-        c[o.outcome] = c.get(o.outcome, 0) + 1
-    return c
-
-
-def report_markdown(study_name: str, source: str, fingerprint: dict[str, Any], outs: list[Outcome]) -> str:
-    """The recheck report: environment, counts, one row per dead end."""
-    fp = ", ".join(f"{k}={v}" for k, v in sorted(fingerprint.items())) or "(unknown)"
-    counts = _counts(outs)
-    lines = [f"# Recheck of `{source}` ({study_name})", "", f"Environment now: {fp}", "",
-             "Outcomes: " + (", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "(none)"), "",
-             "| dead end | class before | source trial | outcome | now | recheck trial |",
-             "|---|---|---:|---|---|---:|"]
-    for o in outs:
-        d = o.dead_end
-        what = f"{d.kind}: {d.label}" if d.kind != "canary" else f"canary ({d.label})"
-        before = d.failure_class or (f"ok {d.source_value:.1f} tok/s" if d.source_value else "ok")
-        if o.status == "ok":
-            now = f"ok {o.value:.1f} tok/s" if o.value is not None else "ok"
-            if o.failure_class:
-                now += f" [{o.failure_class}]"
-        else:
-            now = o.failure_class or o.status or "-"
-        lines.append(f"| {what} | {before} | {d.source_trial} | {o.outcome} | {now} | "
-                     f"{'' if o.trial is None else o.trial} |")
-    lines.append("")
-    return "\n".join(lines)
 
 
 def recheck(spec: SweepSpec, driver_cls: type[RecheckDriver] = RecheckDriver, **driver_kw: Any) -> RecheckDriver:

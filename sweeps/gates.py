@@ -1,0 +1,102 @@
+"""Proposal gates: configs answered without GPU time.
+
+Each gate looks at a proposed config and either lets it through (None) or returns a
+:class:`Skip`: the user attributes to store and the outcome to tell Optuna (see
+:func:`sweeps.study.verdict_for`). The gates, in order: a violated space constraint
+(``infeasible``), a duplicate of a finished or running config, an allreduce level this
+study saw silently replaced (``degraded``), a learned failure rule (``rule``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeps import records as R
+from sweeps.space import SearchSpace
+
+
+@dataclass
+class Skip:
+    """A proposal answered without launching it.
+
+    Attributes:
+        gate: ``infeasible``, ``duplicate``, ``degraded`` or ``rule``.
+        attrs: user attributes to set on the trial.
+        status: the outcome for :func:`sweeps.study.verdict_for` (``skipped`` or ``duplicate``).
+        source: the finished trial a duplicate copies (None while the original runs).
+    """
+
+    gate: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+    status: str = "skipped"
+    source: FrozenTrial | None = None
+
+
+def infeasible(space: SearchSpace, params: Mapping[str, Any]) -> Skip | None:
+    """A config that violates a constraint of the space (status ``infeasible``)."""
+    violated = space.violated(dict(params))
+    return infeasible_skip(violated) if violated else None
+
+
+def infeasible_skip(violated: list[str]) -> Skip:
+    """The skip of a config that cannot be launched (violated constraints, unrenderable)."""
+    return Skip("infeasible", {R.A_STATUS: "infeasible", R.A_VIOLATED: violated})
+
+
+def duplicate(study: optuna.Study, number: int, key: str, running: Iterable[tuple[int, Mapping[str, Any]]]) -> Skip | None:
+    """A config equal to a finished trial (ok, failed or skipped; not itself a duplicate) or
+    to one in flight (``running``: ``(trial number, params)``); the finished one's facts are copied."""
+    dup: int | None = None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if t.number != number and t.user_attrs.get(R.A_CONFIG_KEY) == key and t.user_attrs.get(R.A_DUPLICATE_OF) is None \
+                and t.user_attrs.get(R.A_STATUS) in ("ok", "failed", "skipped"):
+            dup = t.number
+            break
+    if dup is None:
+        dup = next((n for n, p in running if R.config_key(dict(p)) == key), None)
+    if dup is None:
+        return None
+    # by number without deep-copying every trial (study.trials deep-copies: O(n) per duplicate)
+    src = next((t for t in study.get_trials(deepcopy=False) if t.number == dup), None)
+    attrs: dict[str, Any] = {R.A_STATUS: "skipped", R.A_DUPLICATE_OF: dup}
+    copy: tuple[str, ...] = ()
+    if src is not None and src.state == TrialState.COMPLETE and src.value is not None:
+        copy = (R.A_METRICS,)
+    elif src is not None and src.state == TrialState.PRUNED:
+        copy = (R.A_FAILURE_CLASS, R.A_FAILURE_KIND, R.A_SIGNATURE)
+    else:
+        src = None
+    attrs.update({k: src.user_attrs[k] for k in copy if src is not None and k in src.user_attrs})
+    return Skip("duplicate", attrs, status="duplicate", source=src)
+
+
+def degraded(records: Iterable[R.TrialRecord], params: Mapping[str, Any]) -> Skip | None:
+    """A trial of this study that ran the same allreduce level and saw it silently
+    replaced (``allreduce_path_degraded``): the level does not run on this node."""
+    level = params.get("allreduce")
+    if level in (None, "nccl"):
+        return None
+    ev = next((r.number for r in records if r.status == "ok" and r.params.get("allreduce") == level
+               and not R.counts_for_level(r) and r.duplicate_of is None and r.skipped_by_rule is None), None)
+    if ev is None:
+        return None
+    return Skip("degraded", {
+        R.A_STATUS: "skipped", R.A_SKIPPED_BY_RULE: f"degraded:allreduce={level}@t{ev}",
+        R.A_FAILURE_CLASS: R.DEGRADED, R.A_FAILURE_KIND: "perf",
+        R.A_SIGNATURE: f"allreduce={level} silently fell back to NCCL in trial {ev}", R.A_TIMINGS: {"gpu_s": 0.0}})
+
+
+def rule(rules: Any, fingerprint: Mapping[str, str], model: str, params: Mapping[str, Any], sweep: str) -> Skip | None:
+    """A learned failure rule (:class:`sweeps.rules.RuleStore`) matching this node and config."""
+    if not fingerprint:
+        return None
+    hit = rules.match(fingerprint, model, dict(params), sweep=sweep)
+    if hit is None:
+        return None
+    return Skip("rule", {R.A_STATUS: "skipped", R.A_SKIPPED_BY_RULE: str(hit.id), R.A_FAILURE_CLASS: hit.failure_class,
+                         R.A_FAILURE_KIND: hit.kind, R.A_SIGNATURE: hit.signature, R.A_TIMINGS: {"gpu_s": 0.0}})

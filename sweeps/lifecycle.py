@@ -1,0 +1,43 @@
+"""A driver's whole lifecycle with graceful Ctrl-C / SIGTERM (:func:`execute`)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+from sweeps.loop import Driver
+
+EXIT_INTERRUPTED = 130
+
+
+def execute(drv: Driver) -> Driver:
+    """Run a driver's whole lifecycle: setup, the loop, graceful Ctrl-C (first SIGINT stops
+    proposing and tears running trials down; a second one aborts), finish. Returns ``drv``
+    with ``drv.finished_best`` set. Raises what setup raises (SweepError, RayUnavailable...)."""
+    prev = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if drv.interrupted:
+            raise KeyboardInterrupt
+        print("\nservesweep: stopping (Ctrl-C again to abort); tearing down running trials...", file=sys.stderr)
+        drv.interrupted = True
+
+    prev_term = signal.getsignal(signal.SIGTERM)
+    try:
+        try:
+            drv.setup()
+        except BaseException:
+            drv.publisher.close_failed()
+            raise
+        # SIGTERM (timeout, SLURM, docker stop) stops as gracefully as Ctrl-C
+        signal.signal(signal.SIGINT, on_sigint)
+        signal.signal(signal.SIGTERM, on_sigint)
+        drv.loop()
+        if drv.interrupted:
+            drv.interrupt()
+        drv.finished_best = drv.finish()
+    finally:
+        signal.signal(signal.SIGINT, prev)
+        signal.signal(signal.SIGTERM, prev_term)
+    return drv

@@ -1,0 +1,60 @@
+"""Checks and inputs a sweep needs before its first trial: writable stores, a launcher
+that exists, and the emulator profile of the emulated / instant backends."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from typing import Any
+
+from sweeps.config import ConfigError, SweepSpec
+from sweeps.study import SweepError
+
+
+def sweep_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that end a sweep with a message (exit 1), not a traceback."""
+    from sweeps.cluster import RayUnavailable
+
+    return (SweepError, ConfigError, RayUnavailable)
+
+
+def emulator_profile(spec: SweepSpec) -> dict[str, Any] | None:
+    """The ``{"node", "model", "emulator"}`` profile the emulated server / instant model read."""
+    if spec.backend.kind not in ("emulated", "instant"):
+        return None
+    from tasks.emulator.profile import build_profile
+
+    emu = dict(spec.backend.emulator)
+    emu.setdefault("sglang_version", spec.backend.sglang_version)
+    return build_profile(spec.node.model_dump(), spec.model.model_dump(), emu)
+
+
+def ensure_writable(spec: SweepSpec) -> None:
+    """Raises SweepError when the store or findings directory cannot be written."""
+    for d in (spec.store_dir, spec.findings_path.parent):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            probe = d / ".servesweep-write-test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as e:
+            raise SweepError(f"cannot write to {d} ({e.strerror}); fix its permissions or set tracking.store_dir / "
+                             f"tracking.findings_dir to a writable directory") from None
+
+
+def check_launcher(spec: SweepSpec) -> None:
+    """A launcher that does not exist is a config error, not a failure of every config (it
+    would teach a ``cli_arg_error`` rule per config). Checked here for a local Ray only: on a
+    cluster the launcher lives on the GPU nodes.
+
+    Raises:
+        SweepError: ``backend.launcher[0]`` is not an executable on PATH.
+    """
+    if spec.backend.kind == "instant" or spec.ray.address or not spec.backend.launcher:
+        return
+    exe = sys.executable if spec.backend.launcher[0] == "{python}" else spec.backend.launcher[0]
+    if shutil.which(exe) is None:
+        raise SweepError(f"backend.launcher: {exe!r} is not an executable on PATH (nothing was launched); "
+                         f"install it or point backend.launcher at it")
+
+

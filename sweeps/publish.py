@@ -1,0 +1,195 @@
+"""Publishing a sweep's results: trial files, MLflow sync, the findings document, plots
+and the terminal progress. Nothing here ever stops the sweep: every step runs under
+:func:`guard`, which logs a failure and goes on (Optuna holds the truth; a later sync or
+the next run of the same command catches up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import optuna
+
+from sweeps import records as R
+from sweeps.config import SweepSpec
+from sweeps.progress import Progress
+from tasks.redact import redact_argv
+from tasks.types import TrialResult, TrialSpec
+
+log = logging.getLogger("servesweep")
+TRACKER_RETRY_S = 10.0  # MLflow down at start: try to open the parent run again at most this often
+
+
+@contextlib.contextmanager
+def guard(what: str, level: int = logging.ERROR) -> Iterator[None]:
+    """Run a publishing step; a failure is logged (``could not <what>``), never raised."""
+    try:
+        yield
+    except ImportError:
+        pass
+    except Exception as e:  # noqa: BLE001 - publishing never stops the sweep
+        log.log(level, "could not %s: %s", what, e)
+
+
+class Publisher:
+    """Everything a sweep publishes about its trials.
+
+    Args:
+        spec: the sweep.  study_name: the study (MLflow trial keys, trial dirs, findings).
+        track: log to MLflow.  findings: keep the findings document up to date.
+        quiet: no per-trial lines or status lines (the summary is still printed).
+    """
+
+    def __init__(self, spec: SweepSpec, study_name: str, *, track: bool = True, findings: bool = True,
+                 quiet: bool = False):
+        self.spec, self.study_name, self.track, self.findings = spec, study_name, track, findings
+        self.progress = Progress(study_name, spec.sweep.budget.trials)
+        if quiet:
+            self.progress.event = lambda line: None  # type: ignore[method-assign]
+            self.progress.refresh = lambda *a, **k: None  # type: ignore[method-assign]
+        self.tracker: Any = None
+        self._tracker_tried_at = 0.0
+
+    # ---- MLflow parent run ------------------------------------------------------------
+    @property
+    def tracking(self) -> bool:
+        """True when the MLflow parent run is open."""
+        return self.tracker is not None and bool(self.tracker.parent_run_id)
+
+    def open_tracker(self, study: optuna.Study) -> None:
+        """Open the MLflow experiment and the study's parent run (``self.tracker`` stays None when MLflow is down)."""
+        self.tracker = None
+        if not self.track:
+            return
+        try:
+            from sweeps.tracking import Tracker
+
+            sp = self.spec
+            self.tracker = Tracker(sp.mlflow_uri, sp.sweep.name, sp.artifact_location)
+            self.tracker.open_parent(study, sp.sweep.description or sp.sweep.name,
+                                     {"sweep": sp.sweep.name, "node": sp.node.name, "model": sp.model.name,
+                                      "backend": sp.backend.kind, "objective": sp.sweep.objective})
+        except Exception as e:  # noqa: BLE001 - MLflow down: the sweep goes on, sync catches up later
+            log.warning("MLflow unavailable (%s); trials will be synced when it is back", e)
+            self.tracker = None
+
+    def _retry_tracker(self, study: optuna.Study, force: bool = False) -> None:
+        if not self.tracking and (force or time.monotonic() - self._tracker_tried_at > TRACKER_RETRY_S):
+            self._tracker_tried_at = time.monotonic()
+            self.open_tracker(study)
+
+    def _sync(self, recs: list[R.TrialRecord]) -> None:
+        self.tracker.sync(self.study_name, recs, self.spec.store_dir,
+                          {"backend": self.spec.backend.kind, "node": self.spec.node.name})
+
+    def close_failed(self) -> None:
+        """Setup failed: close an open parent run as FAILED."""
+        if self.tracking:
+            with contextlib.suppress(Exception):
+                self.tracker.close_parent("FAILED")
+
+    # ---- per trial --------------------------------------------------------------------
+    def save_files(self, number: int, params: dict[str, Any], tspec: TrialSpec, res: TrialResult,
+                   suffix: str = "") -> None:
+        """Write a trial's server log (``server<suffix>.log``) and, for the final attempt, its
+        launch command, bench JSON, result and config (argv redacted) to its trial dir."""
+        d = R.trial_dir(self.spec.store_dir, self.study_name, number)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"server{suffix}.log").write_text(res.server_log)
+        if suffix:
+            return
+        (d / "launch_command.txt").write_text(res.launch_command + "\n")
+        if res.bench:
+            (d / "bench.json").write_text(json.dumps({"metrics": res.metrics, "requests": res.bench}, indent=1))
+        (d / "result.json").write_text(json.dumps(
+            {k: v for k, v in res.to_dict().items() if k not in ("server_log", "bench")}, indent=1, default=str))
+        (d / "config.json").write_text(json.dumps(
+            {"params": params, "argv": redact_argv(tspec.argv), "env": sorted(tspec.env),
+             "backend": self.spec.backend.kind, "node": self.spec.node.name, "model": self.spec.model.name}, indent=1))
+
+    def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float]) -> None:
+        """One line in the terminal for a finished trial."""
+        from sweeps.tracking import run_name
+
+        name = run_name(R.TrialRecord(number=number, state="", params=params, status=res.status,
+                                      perf_tags=res.perf_tags))
+        if res.status == "ok":
+            sp = metrics.get("speedup_vs_baseline")
+            line = (f"{name}: {metrics.get('decode_tok_s', float('nan')):.1f} tok/s"
+                    + (f" ({sp:.2f}x baseline)" if sp else "")
+                    + (f" [{', '.join(res.perf_tags)}]" if res.perf_tags else ""))
+        else:
+            line = f"{name}: {res.status} {res.failure_class} ({res.phase}) {res.failure_signature or ''}"[:200]
+        self.progress.event(line)
+
+    def refresh(self, study: optuna.Study, running: int, t_start: float) -> None:
+        """The periodic status line."""
+        self.progress.refresh(study, running, t_start)
+
+    def flush(self, study: optuna.Study, fingerprint: dict[str, str], rules: Any) -> None:
+        """Sync finished trials to MLflow and refresh the findings document."""
+        recs = R.load_records(study)
+        self._retry_tracker(study)
+        if self.tracking:
+            self._sync(recs)
+        self.write_findings(study, recs, fingerprint, rules)
+
+    def write_findings(self, study: optuna.Study, recs: list[R.TrialRecord], fingerprint: dict[str, str],
+                       rules: Any) -> None:
+        """Update the findings document (off with ``findings=False``)."""
+        if not self.findings:
+            return
+        with guard("update the findings document"):
+            from sweeps.findings import update_findings
+
+            update_findings(self.spec, self.study_name, recs, fingerprint, rules)
+
+    # ---- closing ----------------------------------------------------------------------
+    def final(self, study: optuna.Study, recs: list[R.TrialRecord], best: R.TrialRecord | None,
+              base: float | None, stop_reason: str | None, interrupted: bool) -> None:
+        """Last MLflow update: every trial synced, parent tags (``best_run``, ``best_trial``,
+        ``best_launch_command``, ``stop_reason``), parent metrics, artifacts; the parent is closed."""
+        self._retry_tracker(study, force=True)  # last chance for a sweep that started while MLflow was down
+        if not self.tracking:
+            return
+        with guard("update MLflow at the end (rerun the command to sync)", logging.WARNING):
+            self._sync(recs)
+            tags = {"stop_reason": stop_reason or "", "trials_launched": str(sum(r.launched for r in recs))}
+            if best is not None:
+                tags.update(best_trial=str(best.number), best_launch_command=best.launch_command)
+                best_run = self.run_id_of(best.number)
+                if best_run:
+                    tags["best_run"] = best_run
+            self.tracker.set_parent_tags(tags)
+            self.tracker.log_parent_metrics({"best_decode_tok_s": best.value if best else None,
+                                             "baseline_decode_tok_s": base,
+                                             "best_speedup_vs_baseline": (best.value / base) if best and base else None})
+            self.log_parent_artifacts(study)
+            self.tracker.close_parent("KILLED" if interrupted else "FINISHED")
+
+    def run_id_of(self, number: int) -> str | None:
+        """The MLflow child run id of trial ``number`` (None when not synced)."""
+        runs = self.tracker.client.search_runs(
+            [self.tracker.experiment_id], filter_string=f"tags.trial_key = '{self.study_name}/{number}'", max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def log_parent_artifacts(self, study: optuna.Study) -> None:
+        """The findings document and the plots, as artifacts of the parent run."""
+        if self.spec.findings_path.exists():
+            self.tracker.log_parent_artifact(self.spec.findings_path)
+        with guard("write the plots", logging.WARNING):
+            from sweeps.report import write_plots
+
+            out = self.spec.store_dir / "reports" / self.study_name
+            for p in write_plots(study, out):
+                self.tracker.log_parent_artifact(p, "plots")
+
+    def summary(self, recs: list[R.TrialRecord], best: R.TrialRecord | None, base: float | None,
+                stop_reason: str | None, confirmation: dict[str, Any]) -> None:
+        """The closing summary in the terminal."""
+        self.progress.summary(recs, best, base, stop_reason, self.spec.findings_path, confirmation=confirmation)

@@ -1,0 +1,231 @@
+"""The Optuna study of a sweep: open (resumable, space-checked), sampler, lock, seeds,
+stale-trial recovery, and the one mapping from a trial's outcome to what Optuna is told.
+
+Optuna is the source of truth: every outcome the driver learns ends in :func:`tell`
+with the :class:`Verdict` of :func:`verdict_for`, so the sampler, the records and the
+findings all read the same state.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from sweeps import records as R
+from sweeps.config import SweepSpec
+from sweeps.space import SearchSpace, seed_configs
+
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+log = logging.getLogger("servesweep")
+SPACE_ATTR = "space_signature"
+#: Optuna constraint name; > 0 = infeasible (TPE ranks such trials among the worst).
+FEASIBLE = "feasible"
+
+
+class SweepError(RuntimeError):
+    """A sweep-level problem (unreachable Ray, unwritable store, changed space, ...)."""
+
+
+def space_signature(spec: SweepSpec) -> str:
+    """Hash (16 hex) of the search space (params + constraints) that a resumed study must match."""
+    body = json.dumps({"params": spec.sweep.params, "constraints": spec.sweep.constraints}, sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
+    """TPE (multivariate, grouped for conditional params, constant liar for trials in
+    flight) or random, seeded from the sweep config."""
+    s = spec.sweep.sampler
+    if s.name == "random":
+        return optuna.samplers.RandomSampler(seed=s.seed)
+    return optuna.samplers.TPESampler(
+        seed=s.seed, n_startup_trials=s.n_startup_trials, multivariate=True, group=True, constant_liar=True,
+    )
+
+
+def _storage(spec: SweepSpec) -> optuna.storages.RDBStorage:
+    sqlite = spec.optuna_storage.startswith("sqlite")
+    return optuna.storages.RDBStorage(spec.optuna_storage,
+                                      engine_kwargs={"connect_args": {"timeout": 30}} if sqlite else {})
+
+
+def open_study(spec: SweepSpec, name: str | None = None) -> optuna.Study:
+    """Create or resume the study ``name`` (default ``spec.study``) in the RDB storage.
+
+    Raises:
+        SweepError: the existing study was created with a different search space.
+    """
+    name = name or spec.study
+    study = optuna.create_study(study_name=name, storage=_storage(spec), sampler=make_sampler(spec),
+                                direction="maximize", load_if_exists=True)
+    sig = space_signature(spec)
+    old = study.user_attrs.get(SPACE_ATTR)
+    if old is None:
+        study.set_user_attr(SPACE_ATTR, sig)
+        study.set_user_attr("sweep", spec.sweep.name)
+        study.set_user_attr("node", spec.node.name)
+        study.set_user_attr("model", spec.model.name)
+        study.set_user_attr("backend", spec.backend.kind)
+    elif old != sig:
+        raise SweepError(
+            f"study {name!r} exists with a different search space (signature {old} != {sig}). "
+            f"Resume it with its original sweep config, or start a new study: new_study=true "
+            f"(or study_name=<new name>)."
+        )
+    return study
+
+
+def lock_study(spec: SweepSpec, study_name: str) -> int:
+    """One driver per study on this store: a second one would fail the first's running
+    trials as stale. The lock (flock on ``<store>/locks/<study>.lock``) dies with the process.
+
+    Returns:
+        the lock's file descriptor (close it to release the lock).
+    Raises:
+        SweepError: another live driver holds the study.
+    """
+    d = spec.store_dir / "locks"
+    d.mkdir(parents=True, exist_ok=True)
+    fd = os.open(d / f"{study_name}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise SweepError(f"study {study_name!r} is being run by another driver (pid {holder}); wait for it, "
+                         f"or run a separate study with study_name=<name>") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def enqueue_seeds(study: optuna.Study, spec: SweepSpec, space: SearchSpace) -> None:
+    """Enqueue the baseline (tagged ``is_baseline``), the seed trials and one trial per
+    level of the seeded knobs; ``skip_if_exists`` makes a resumed sweep enqueue nothing twice."""
+    sw = spec.sweep
+    if sw.mode != "search":
+        return
+    for i, cfg in enumerate(seed_configs(space, sw.baseline, sw.seed_trials, sw.seed_each_level_of)):
+        attrs = {R.A_BASELINE: True} if i == 0 else {}
+        study.enqueue_trial(cfg, user_attrs={**attrs, "enqueue_attrs": attrs}, skip_if_exists=True)
+
+
+def requeue(study: optuna.Study, params: Mapping[str, Any], user_attrs: Mapping[str, Any]) -> None:
+    """Enqueue a config again (an interrupted trial), keeping its enqueue attrs (e.g. ``is_baseline``)."""
+    attrs = dict(user_attrs.get("enqueue_attrs") or {})
+    study.enqueue_trial(dict(params), user_attrs={**attrs, "enqueue_attrs": attrs})
+
+
+def recover_stale(study: optuna.Study) -> int:
+    """Fail RUNNING trials left by a killed driver (infra: node_lost) and re-enqueue them.
+
+    Returns:
+        how many trials were recovered.
+    """
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        st = study._storage
+        for k, v in ((R.A_STATUS, "interrupted"), (R.A_FAILURE_CLASS, "node_lost"), (R.A_FAILURE_KIND, "infra"),
+                     (R.A_SIGNATURE, "driver stopped while the trial was running")):
+            st.set_trial_user_attr(t._trial_id, k, v)
+        tell(study, t.number, verdict_for("interrupted"))
+        if t.params:
+            study.enqueue_trial(dict(t.params), user_attrs=dict(t.user_attrs.get("enqueue_attrs") or {}))
+        log.warning("trial %d was running when the driver stopped: marked failed (node_lost) and re-queued", t.number)
+        n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------------------
+# outcome -> what Optuna is told
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Verdict:
+    """What Optuna is told about a trial.
+
+    Attributes:
+        state: COMPLETE (measured), PRUNED (the sampler learns from it) or FAIL (ignored).
+        values: objective values for COMPLETE (one per objective).
+        constraint: the ``feasible`` constraint value (> 0 infeasible), None = not set.
+    """
+
+    state: TrialState
+    values: tuple[float, ...] | None = None
+    constraint: float | None = None
+
+
+INFEASIBLE = Verdict(TrialState.PRUNED, constraint=1.0)
+UNINFORMATIVE = Verdict(TrialState.PRUNED, constraint=0.0)
+IGNORED = Verdict(TrialState.FAIL)
+
+
+def verdict_for(status: str, *, failure_kind: str | None = None, metrics: Mapping[str, float] | None = None,
+                objective: str = "decode_tok_s", degraded: bool = False,
+                source: FrozenTrial | None = None) -> Verdict:
+    """The one place that maps a trial's outcome to an Optuna state, values and constraint.
+
+    Args:
+        status: ``ok`` (measured), ``failed`` (the config's fault when ``failure_kind`` is
+            deterministic/transient), ``skipped`` (answered without GPU time: a violated
+            constraint, a failure rule, a degraded level), ``duplicate`` (of ``source``; a
+            still-running source is None), or anything else (infra errors, interruptions:
+            not the config's fault).
+        metrics: the trial's metrics (``ok``).  objective: the metric told to Optuna.
+        degraded: the server silently ran another path than the config names.
+    Returns:
+        COMPLETE with the value for a finite measured objective on the path named; PRUNED
+        + infeasible for what the sampler must avoid; FAIL (teach nothing) otherwise.
+    """
+    if status == "ok":
+        v = (metrics or {}).get(objective)
+        if v is None or not _finite(v):
+            return IGNORED
+        return INFEASIBLE if degraded else Verdict(TrialState.COMPLETE, (float(v),), 0.0)
+    if status == "failed":
+        return INFEASIBLE if failure_kind in ("deterministic", "transient") else IGNORED
+    if status == "skipped":
+        return INFEASIBLE
+    if status == "duplicate":
+        if source is None:
+            return UNINFORMATIVE  # the original is still running: let the sampler move on
+        if source.state == TrialState.COMPLETE and source.values:
+            return Verdict(TrialState.COMPLETE, tuple(source.values), None)
+        if source.state == TrialState.PRUNED:
+            return INFEASIBLE
+        return UNINFORMATIVE
+    return IGNORED
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return bool(v == v and abs(float(v)) != float("inf"))
+    except (TypeError, ValueError):
+        return False
+
+
+def tell(study: optuna.Study, trial: Trial | int, verdict: Verdict) -> None:
+    """Tell ``study`` the ``verdict`` for ``trial`` (a live Trial or a trial number).
+
+    A tell problem is logged, never raised: the sweep goes on.
+    """
+    try:
+        if verdict.constraint is not None and isinstance(trial, Trial):
+            trial.set_constraint(FEASIBLE, verdict.constraint)
+        if verdict.state == TrialState.COMPLETE:
+            vals = list(verdict.values or ())
+            study.tell(trial, values=vals[0] if len(vals) == 1 else vals)
+        else:
+            study.tell(trial, state=verdict.state)
+    except Exception as e:  # noqa: BLE001 - a tell problem is logged, never crashes the sweep
+        log.error("study.tell failed for trial %s: %s", getattr(trial, "number", trial), e)
