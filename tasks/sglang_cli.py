@@ -15,228 +15,63 @@ startup (after minutes of GPU time) or silently means something else. This modul
 
 Stdlib only (it runs inside the contract venv, which has SGLang but not servesweep's deps).
 
-Sources for the table (all read by us, 2026-11):
-  [P23] SGLang 0.5.23 wheel, its real parser: ``ServerArgs.add_cli_args`` dumped in the
-        contract venv (``scripts/contract_env.sh``). 561 option strings.
-  [P22] SGLang 0.5.22 wheel, real parser dumped the same way (546 option strings).
-  [S]   Static reading of ``sglang/srt/server_args.py`` in the 0.5.3, 0.5.6, 0.5.10,
-        0.5.14, 0.5.17 and 0.5.20 wheels (``parser.add_argument("--...")`` literals and, from
-        0.5.14 on, the annotated field declarations the parser is generated from).
-  Versions between inspected ones (0.5.7-0.5.9, 0.5.11-0.5.13, 0.5.18-0.5.19, 0.5.21)
-  were not inspected; the table assigns them to the older side of each boundary [A].
+The flag names, their version ranges and the evidence for each live in the knob table
+(``tasks/backends/sglang_flags.json``, loaded by :mod:`tasks.backends.flagtable`).
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SGLANG_VERSION = "0.5.23"
+from tasks.backends.argcheck import PreflightError, check_exact_options, explain
+from tasks.backends.flagtable import FlagRow, FlagSet, FlagUnavailable, Version, load_flag_table, parse_version
+
+__all__ = ["FlagRow", "FlagSet", "FlagUnavailable", "PreflightError", "Version", "parse_version"]  # re-exported for callers
+
+#: SGLang's knob table (logical flag id -> full flag name per version range, with sources).
+TABLE = load_flag_table("sglang")
+DEFAULT_SGLANG_VERSION = TABLE.default_version
+VERSION_TABLE: tuple[FlagRow, ...] = TABLE.rows
+LOGICAL_IDS: tuple[str, ...] = TABLE.logical_ids
 
 # Exit codes of ``check-argv``: 0 all accepted, 1 some argv rejected, 3 SGLang not importable.
 EXIT_OK, EXIT_REJECTED, EXIT_NO_SGLANG = 0, 1, 3
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-# ---------------------------------------------------------------------------------------
-# Version table
-# ---------------------------------------------------------------------------------------
-Version = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class FlagRow:
-    """One row of :data:`VERSION_TABLE`: a logical flag's full name over a version range.
-
-    Attributes:
-        logical: logical flag id (e.g. ``"cuda_graph_max_bs"``).
-        flag: full option string (e.g. ``"--cuda-graph-max-bs-decode"``).
-        since: first version with this name (inclusive), None = since forever.
-        until: first version *without* it (exclusive), None = still present in 0.5.23.
-        source: evidence ([P23], [P22], [S], [A]: see the module docstring).
-    """
-
-    logical: str
-    flag: str
-    since: Version | None = None
-    until: Version | None = None
-    source: str = "[P23][P22][S]"
-
-    def covers(self, v: Version) -> bool:
-        """True when version tuple ``v`` is in ``[since, until)``."""
-        return (self.since is None or v >= self.since) and (self.until is None or v < self.until)
-
-
-#: Logical id -> full flag, per version range. Rows for one logical id are ordered by
-#: preference (newest name first); :func:`resolve_flags` on a live parser also tries them
-#: in this order and takes the first exact option string the parser has.
-VERSION_TABLE: tuple[FlagRow, ...] = (
-    FlagRow("model_path", "--model-path"),
-    FlagRow("tp_size", "--tp-size"),
-    FlagRow("trust_remote_code", "--trust-remote-code"),
-    FlagRow("host", "--host"),
-    FlagRow("port", "--port"),
-    FlagRow("nccl_port", "--nccl-port"),
-    FlagRow("mem_fraction_static", "--mem-fraction-static"),
-    FlagRow("ep_size", "--ep-size"),  # aliases --expert-parallel-size, --ep [P23]
-    FlagRow("moe_a2a_backend", "--moe-a2a-backend"),
-    # All-reduce paths.
-    FlagRow("disable_custom_all_reduce", "--disable-custom-all-reduce"),
-    FlagRow("enable_torch_symm_mem", "--enable-torch-symm-mem", source="[P23][P22][S 0.5.3+]"),
-    # Deprecated since 0.5.14 in favour of --flashinfer-allreduce-fusion-backend=auto, still
-    # accepted by 0.5.23 [P23 help text] (and by the emulator), so it stays the rendering.
-    FlagRow("enable_flashinfer_allreduce_fusion", "--enable-flashinfer-allreduce-fusion"),
-    # Absent in 0.5.3 and 0.5.6, present from 0.5.10 [S] (PR #21446, 2026-03).
-    FlagRow(
-        "enforce_disable_flashinfer_allreduce_fusion",
-        "--enforce-disable-flashinfer-allreduce-fusion",
-        since=(0, 5, 10),
-        source="[P23][P22][S 0.5.10, absent 0.5.6][A 0.5.7-0.5.9]",
-    ),
-    # choices in 0.5.23: auto, trtllm, mnnvl, cutedsl [P23]; declared from 0.5.14 [S].
-    FlagRow(
-        "flashinfer_allreduce_fusion_backend",
-        "--flashinfer-allreduce-fusion-backend",
-        since=(0, 5, 14),
-        source="[P23][P22][S 0.5.14, absent 0.5.10][A 0.5.11-0.5.13]",
-    ),
-    # CUDA-graph max batch size: 0.5.14-0.5.17 have -decode plus the old name as a
-    # DeprecatedAliasStoreAction [S]; 0.5.20 has no alias [S]; 0.5.22/0.5.23 have only
-    # -decode/-prefill, so the old name is *ambiguous* there [P22][P23].
-    FlagRow(
-        "cuda_graph_max_bs",
-        "--cuda-graph-max-bs-decode",
-        since=(0, 5, 14),
-        source="[P23][P22][S 0.5.14, 0.5.17, 0.5.20][A 0.5.11-0.5.13]",
-    ),
-    FlagRow("cuda_graph_max_bs", "--cuda-graph-max-bs", until=(0, 5, 14), source="[S 0.5.3-0.5.10]"),
-    # Speculative decoding. --speculative-algorithm is a free string in 0.5.23 (no argparse
-    # choices); the name is checked later by SpeculativeAlgorithm.from_string [P23].
-    FlagRow("speculative_algorithm", "--speculative-algorithm"),
-    FlagRow("speculative_draft_model_path", "--speculative-draft-model-path"),  # alias --speculative-draft-model
-    FlagRow("speculative_num_steps", "--speculative-num-steps"),
-    FlagRow("speculative_eagle_topk", "--speculative-eagle-topk"),
-    FlagRow("speculative_num_draft_tokens", "--speculative-num-draft-tokens"),
-)
-
-LOGICAL_IDS: tuple[str, ...] = tuple(dict.fromkeys(r.logical for r in VERSION_TABLE))
-
-
-def parse_version(version: str) -> Version:
-    """``"0.5.23"`` / ``"0.5.15.post1"`` / ``"0.5.23rc0"`` -> ``(0, 5, 23)`` (release part only).
-
-    Raises:
-        ValueError: no leading ``X.Y`` release number.
-    """
-    m = re.match(r"^\s*v?(\d+(?:\.\d+)+)", version)
-    if not m:
-        raise ValueError(f"not an SGLang version: {version!r} (expected e.g. '0.5.23')")
-    return tuple(int(x) for x in m.group(1).split("."))
-
-
-class FlagUnavailable(KeyError):
-    """A logical flag has no option string in the targeted SGLang version."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
-
-
-@dataclass(frozen=True)
-class FlagSet(Mapping[str, str]):
-    """Resolved logical flag id -> full flag name for one SGLang version.
-
-    A read-only mapping (``flags["cuda_graph_max_bs"] == "--cuda-graph-max-bs-decode"``);
-    looking up an id the version lacks raises :class:`FlagUnavailable` naming the version,
-    ``flags.get(id)`` returns None.
-
-    Attributes:
-        version: SGLang version the names are for (None if unknown).
-        source: ``"parser"`` (read from SGLang's own parser) or ``"table"``.
-        flags: the resolved names.
-        missing: logical ids with no option string in this version.
-        option_strings: every option string of the parser (``source == "parser"`` only).
-    """
-
-    version: str | None
-    source: str
-    flags: Mapping[str, str]
-    missing: frozenset[str] = frozenset()
-    option_strings: frozenset[str] | None = field(default=None, repr=False, compare=False)
-
-    def __getitem__(self, key: str) -> str:
-        try:
-            return self.flags[key]
-        except KeyError:
-            if key in self.missing:
-                raise FlagUnavailable(
-                    f"SGLang {self.version or '?'} has no flag for {key!r} (source: {self.source}); "
-                    f"drop the knob level that needs it or target another SGLang version"
-                ) from None
-            raise FlagUnavailable(f"unknown logical flag id {key!r}; known: {sorted(LOGICAL_IDS)}") from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.flags)
-
-    def __len__(self) -> int:
-        return len(self.flags)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form: ``{"version", "source", "flags", "missing"}``."""
-        return {
-            "version": self.version,
-            "source": self.source,
-            "flags": dict(self.flags),
-            "missing": sorted(self.missing),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> FlagSet:
-        """Inverse of :meth:`to_dict`."""
-        return cls(
-            version=d.get("version"),
-            source=str(d["source"]),
-            flags=dict(d["flags"]),
-            missing=frozenset(d.get("missing", ())),
-        )
+#: Appended to "ambiguous option" errors: the rename users hit most.
+_HINT = " (CUDA-graph max batch size on SGLang >= 0.5.14: --cuda-graph-max-bs-decode)"
 
 
 def flags_from_table(version: str = DEFAULT_SGLANG_VERSION) -> FlagSet:
-    """Logical ids -> names for ``version`` from :data:`VERSION_TABLE` (no SGLang needed).
+    """Logical ids -> names for ``version`` from the knob table (no SGLang needed).
 
     Raises:
         ValueError: ``version`` is not a version string.
     """
-    v = parse_version(version)
-    flags: dict[str, str] = {}
-    for row in VERSION_TABLE:
-        if row.logical not in flags and row.covers(v):
-            flags[row.logical] = row.flag
+    flags = TABLE.names_for(version)
     return FlagSet(version, "table", flags, frozenset(LOGICAL_IDS) - set(flags))
 
 
 def flags_from_parser(parser: argparse.ArgumentParser, version: str | None = None) -> FlagSet:
     """Logical ids -> names read from a parser that ``ServerArgs.add_cli_args`` filled.
 
-    For each logical id the candidate names of :data:`VERSION_TABLE` (all versions, newest
-    first) are tried and the first *exact* option string the parser has wins; prefixes are
-    never used.
+    For each logical id the candidate names of the knob table (all versions, newest first;
+    deprecated aliases skipped) are tried and the first *exact* option string the parser has
+    wins; prefixes are never used.
     """
     opts = frozenset(parser._option_string_actions)
     flags: dict[str, str] = {}
     for row in VERSION_TABLE:
-        if row.logical not in flags and row.flag in opts:
+        if row.alias_of is None and row.logical not in flags and row.flag in opts:
             flags[row.logical] = row.flag
     return FlagSet(version, "parser", flags, frozenset(LOGICAL_IDS) - set(flags), opts)
 
@@ -246,20 +81,6 @@ def flags_from_parser(parser: argparse.ArgumentParser, version: str | None = Non
 # ---------------------------------------------------------------------------------------
 class SGLangUnavailable(RuntimeError):
     """SGLang cannot be imported here and no other interpreter was given to check with."""
-
-
-class PreflightError(ValueError):
-    """SGLang's parser rejects a launch argv.
-
-    Attributes:
-        flag: the offending option (or value) as it appeared in argv, if known.
-        argv: the server argv that was checked.
-    """
-
-    def __init__(self, message: str, flag: str | None = None, argv: Sequence[str] = ()):
-        super().__init__(message)
-        self.flag = flag
-        self.argv = list(argv)
 
 
 class _ParserError(Exception):
@@ -363,91 +184,6 @@ def server_args_of(argv: Sequence[str]) -> list[str]:
     return a
 
 
-_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
-
-
-def _check_exact_options(parser: argparse.ArgumentParser, args: Sequence[str]) -> None:
-    """Reject any option token that is not an exact option string of ``parser``.
-
-    argparse would accept a unique prefix (``--cuda-graph-max-bs-dec``) or call a shared
-    one ambiguous; servesweep renders full names only, so any prefix is an error here.
-    Values are skipped using each action's ``nargs``.
-
-    Raises:
-        PreflightError: names the token and the full option(s) it abbreviates or resembles.
-    """
-    opts = parser._option_string_actions
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        i += 1
-        if tok == "--":
-            return
-        if not tok.startswith("-") or tok == "-" or _NUMBER.match(tok):
-            continue
-        name = tok.split("=", 1)[0] if tok.startswith("--") else tok
-        action = opts.get(name)
-        if action is None:
-            prefixed = sorted(o for o in opts if o.startswith(name)) if name.startswith("--") else []
-            if len(prefixed) > 1:
-                raise PreflightError(
-                    f"{name!r} is not an SGLang option: SGLang's parser calls it ambiguous "
-                    f"(it could match {', '.join(prefixed)}); write the full name of the one "
-                    f"you mean (CUDA-graph max batch size on SGLang >= 0.5.14: --cuda-graph-max-bs-decode)",
-                    flag=name,
-                    argv=args,
-                )
-            if prefixed:
-                raise PreflightError(
-                    f"{name!r} is an abbreviation of {prefixed[0]} (SGLang's parser would accept "
-                    f"the prefix; servesweep renders full names only): write {prefixed[0]}",
-                    flag=name,
-                    argv=args,
-                )
-            close = difflib.get_close_matches(name, list(opts), n=3, cutoff=0.75)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise PreflightError(f"{name!r} is not an SGLang option{hint}", flag=name, argv=args)
-        if "=" in tok:
-            continue
-        nargs = action.nargs
-        if nargs == 0:
-            continue
-        if nargs is None or nargs == "?" or isinstance(nargs, int):
-            n = 1 if nargs in (None, "?") else int(nargs)
-            for _ in range(n):
-                if i < len(args) and (nargs != "?" or not args[i].startswith("-")):
-                    i += 1
-            continue
-        # '+', '*', REMAINDER: values run to the next option-looking token.
-        while i < len(args) and (not args[i].startswith("-") or _NUMBER.match(args[i])):
-            i += 1
-
-
-def _explain(message: str, args: Sequence[str], parser: argparse.ArgumentParser) -> PreflightError:
-    """Turn an argparse error message into a PreflightError that names the flag and the fix."""
-    m = re.search(r"ambiguous option: (\S+) could match (.+)$", message)
-    if m:
-        flag = m.group(1).split("=", 1)[0]
-        return PreflightError(
-            f"SGLang rejects {flag!r}: ambiguous option, it could match {m.group(2)}; "
-            f"write one of those full names (for the CUDA-graph max batch size on SGLang "
-            f">= 0.5.14 that is --cuda-graph-max-bs-decode)",
-            flag=flag,
-            argv=args,
-        )
-    m = re.search(r"unrecognized arguments: (.+)$", message)
-    if m:
-        first = m.group(1).split()[0]
-        close = difflib.get_close_matches(first.split("=", 1)[0], list(parser._option_string_actions), n=3, cutoff=0.75)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        return PreflightError(f"SGLang rejects unrecognized argument(s) {m.group(1)}{hint}", flag=first, argv=args)
-    m = re.search(r"argument ([^:]+): (.+)$", message)
-    if m:
-        flag = m.group(1).split("/")[0].strip()
-        return PreflightError(f"SGLang rejects {flag}: {m.group(2)}", flag=flag, argv=args)
-    return PreflightError(f"SGLang rejects the argv: {message}", argv=args)
-
-
 def check_server_args(
     args: Sequence[str], parser: argparse.ArgumentParser | None = None, strict: bool = True
 ) -> argparse.Namespace:
@@ -475,11 +211,11 @@ def check_server_args(
             argv=args,
         )
     if strict:
-        _check_exact_options(parser, args)
+        check_exact_options(parser, args, hint=_HINT)
     try:
         ns = parser.parse_args(args)
     except _ParserError as e:
-        raise _explain(str(e), args, parser) from None
+        raise explain(str(e), args, parser, hint=_HINT) from None
     algo = getattr(ns, "speculative_algorithm", None)
     if algo is not None:
         try:
@@ -594,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--table", action="store_true", help="use the version table even if SGLang is importable")
     f.add_argument("--json", action="store_true", help="machine-readable output")
     c = sub.add_parser("check-argv", help="check launch argv(s) with SGLang's parser (in this interpreter)")
-    c.add_argument("--json", required=True, dest="payload", help="JSON list of strings, or list of such lists; '-' reads it from stdin")
+    c.add_argument("--json", required=True, dest="payload", help="JSON list of strings, or list of such lists; '-' reads stdin")
     c.add_argument("--lenient", action="store_true", help="accept what SGLang accepts (prefixes, --config)")
     ns = ap.parse_args(argv)
 
