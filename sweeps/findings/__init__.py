@@ -1,11 +1,13 @@
 """The findings document: one markdown file per sweep, read before it is written.
 
-``update_findings(spec, study_name, records, fingerprint, rules)`` rewrites only the
+``update_findings(spec, study, records, fingerprint, rules)`` rewrites only the
 servesweep section of ``spec.findings_path`` (default ``findings/<sweep>.md`` at the repo
 root) and keeps everything outside it byte for byte (:mod:`sweeps.findings.document`:
 markers, splice, data line, atomic write). The section is rendered by
 :func:`~sweeps.findings.render.render_section`, one function per section (environment,
-baseline and drift, best config, approaches, dead ends, untried).
+baseline and drift, best config, approaches, dead ends, untried). Every value, ranking and
+ratio is the sweep's objective (:mod:`sweeps.findings.measure`); the study's own storage is
+never opened here: the caller passes the study (or the confirmation).
 
 The ``servesweep:data`` line is a JSON block the next write reads back: the baseline
 history across sweeps (so drift such as 82.0 -> 89.5 tok/s is called out) and the
@@ -18,6 +20,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import optuna
 
 from sweeps import records as R
 from sweeps.findings.baseline import DRIFT_THRESHOLD, baseline_drift, baseline_history
@@ -34,60 +38,49 @@ from sweeps.findings.document import (
     splice_section,
 )
 from sweeps.findings.groups import GROUP_PREFERENCE, group_knobs
+from sweeps.findings.measure import objective_of
 from sweeps.findings.render import DATA_VERSION, render_section
+from sweeps.objective import Objective
 from tasks.redact import redact_text
 
 __all__ = [
     "BEGIN", "DATA_PREFIX", "DATA_VERSION", "DRIFT_THRESHOLD", "END", "GROUP_PREFERENCE", "HEADER", "Context",
     "atomic_write", "baseline_drift", "baseline_history", "context_from_spec", "find_sections", "group_knobs",
-    "read_data_block", "render_section", "splice_section", "study_user_attrs", "update_findings",
+    "objective_of", "read_data_block", "render_section", "splice_section", "update_findings",
 ]
 
 log = logging.getLogger("servesweep.findings")
-
-_STORAGES: dict[str, Any] = {}
-
-
-def study_user_attrs(storage_url: str, study_name: str) -> dict[str, Any]:
-    """The study's user attributes read from its RDB storage ({} when it does not exist)."""
-    import optuna
-
-    st = _STORAGES.get(storage_url)
-    if st is None:
-        st = optuna.storages.RDBStorage(storage_url, engine_kwargs={"connect_args": {"timeout": 30}}
-                                        if storage_url.startswith("sqlite") else {})
-        _STORAGES[storage_url] = st
-    try:
-        sid = st.get_study_id_from_name(study_name)
-    except KeyError:
-        return {}
-    return dict(st.get_study_user_attrs(sid))
+CONFIRMATION_ATTR = "confirmation"  # the study user attribute sweeps.confirm writes
 
 
-def update_findings(spec: Any, study_name: str, records: Sequence[R.TrialRecord], fingerprint: Mapping[str, str] | None,
-                    rules: Any, *, confirmation: Mapping[str, Any] | None = None, path: Path | None = None) -> Path:
+def update_findings(spec: Any, study: optuna.Study | str, records: Sequence[R.TrialRecord],
+                    fingerprint: Mapping[str, str] | None, rules: Any, *,
+                    confirmation: Mapping[str, Any] | None = None, path: Path | None = None,
+                    objective: Objective | None = None) -> Path:
     """Read the findings document, rewrite its servesweep section, keep everything else.
 
     Args:
         spec: the :class:`~sweeps.config.SweepSpec` (node, model, space, baseline, paths).
-        study_name: the Optuna study (its confirmation, if any, is read from the study's
-            user attribute ``confirmation`` unless ``confirmation`` is given).
+        study: the Optuna study (its confirmation, if any, is its user attribute
+            ``confirmation`` unless ``confirmation`` is given), or only its name (then
+            there is a confirmation only when ``confirmation`` is given).
         records: every trial (:func:`sweeps.records.load_records`).
         fingerprint: the node's environment fingerprint ({} if unknown).
         rules: a :class:`~sweeps.rules.RuleStore` or None.
+        confirmation: the winner confirmation (:func:`sweeps.confirm.confirm_top`).
         path: the document (default ``spec.findings_path``).
+        objective: what to rank and report by (default: the spec's primary objective,
+            :func:`~sweeps.findings.measure.objective_of`).
     Returns:
         The document's path.
     Raises:
         OSError: the document cannot be read or written.
     """
     path = Path(path or spec.findings_path)
-    if confirmation is None:
-        try:
-            confirmation = study_user_attrs(spec.optuna_storage, study_name).get("confirmation")
-        except Exception as e:  # noqa: BLE001
-            log.debug("findings: no study attrs (%s)", e)
-    ctx = context_from_spec(spec, study_name, fingerprint, rules, confirmation)
+    study_name = study if isinstance(study, str) else study.study_name
+    if confirmation is None and not isinstance(study, str):
+        confirmation = study.user_attrs.get(CONFIRMATION_ATTR)
+    ctx = context_from_spec(spec, study_name, fingerprint, rules, confirmation, objective)
     old = read_document(path)  # bytes kept as is
     section, _ = render_section(ctx, records, read_data_block(old))
     section = redact_text(section)  # model paths with credentials, tokens in decisive log lines

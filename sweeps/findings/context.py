@@ -10,6 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeps.findings.measure import objective_of
+from sweeps.objective import Objective
+
 log = logging.getLogger("servesweep.findings")
 
 
@@ -22,7 +25,8 @@ class Context:
         node: ``{"name", "gpus", "gpu_name", "interconnect", "compute_capability"}``.
         model: ``{"name", "path", "draft_path"}``.  backend: backend kind.
         fingerprint: environment fingerprint (GPU arch, driver, CUDA, NCCL, torch, SGLang, FlashInfer).
-        objective: metric name (tok/s).  baseline_config: the declared baseline params.
+        objective: the :class:`~sweeps.objective.Objective` the sweep ranks by (a metric
+            name is taken as that metric, maximised).  baseline_config: the declared baseline params.
         space: the :class:`~sweeps.space.SearchSpace` (None: no untried analysis).
         rules: failure rules known for this environment (``sweeps.rules.Rule``).
         mapping: failure class -> implicated knobs (``conf/failure_knobs.yaml``).
@@ -37,13 +41,17 @@ class Context:
     model: dict[str, Any] = field(default_factory=dict)
     backend: str = ""
     fingerprint: dict[str, str] = field(default_factory=dict)
-    objective: str = "decode_tok_s"
+    objective: Objective = field(default_factory=Objective)
     baseline_config: dict[str, Any] = field(default_factory=dict)
     space: Any = None
     rules: list[Any] = field(default_factory=list)
     mapping: dict[str, list[str]] = field(default_factory=dict)
     confirmation: dict[str, Any] | None = None
     now: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.objective, str):
+            self.objective = Objective(self.objective)
 
 
 def fp_hash(fp: Mapping[str, Any]) -> str:
@@ -74,14 +82,16 @@ def _rules_for(spec: Any, study_name: str, fp: Mapping[str, str], rules: Any) ->
 
 
 def context_from_spec(spec: Any, study_name: str, fingerprint: Mapping[str, str] | None, rules: Any,
-                      confirmation: Mapping[str, Any] | None = None) -> Context:
-    """Build the :class:`Context` from a :class:`~sweeps.config.SweepSpec` and a RuleStore (or None)."""
+                      confirmation: Mapping[str, Any] | None = None, objective: Objective | None = None) -> Context:
+    """Build the :class:`Context` from a :class:`~sweeps.config.SweepSpec` and a RuleStore (or None).
+
+    ``objective`` defaults to the spec's primary objective (:func:`~sweeps.findings.measure.objective_of`)."""
     fp = dict(fingerprint or {})
     rule_list, mapping = _rules_for(spec, study_name, fp, rules)
     return Context(
         study=study_name, sweep=spec.sweep.name, description=spec.sweep.description,
         node=spec.node.model_dump(), model=spec.model.model_dump(), backend=spec.backend.kind,
-        fingerprint=fp, objective=spec.sweep.objective, baseline_config=dict(spec.sweep.baseline),
+        fingerprint=fp, objective=objective or objective_of(spec), baseline_config=dict(spec.sweep.baseline),
         space=_cached_space(spec), rules=rule_list, mapping=mapping,
         confirmation=dict(confirmation) if confirmation else None,
         now=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),

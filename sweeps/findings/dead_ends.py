@@ -8,8 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from sweeps import records as R
+from sweeps.findings import measure as M
 from sweeps.findings.context import Context
 from sweeps.findings.text import cfg, code, fmt, trials
+from sweeps.objective import Objective
 
 
 def _degraded_line(r: R.TrialRecord) -> str | None:
@@ -61,8 +63,10 @@ def failure_lines(ctx: Context, recs: Sequence[R.TrialRecord]) -> tuple[list[str
     return out, set(by_class)
 
 
-def degraded_lines(recs: Sequence[R.TrialRecord]) -> list[str]:
-    """One entry per allreduce level whose server silently fell back to NCCL."""
+def degraded_lines(recs: Sequence[R.TrialRecord], obj: Objective | None = None) -> list[str]:
+    """One entry per allreduce level whose server silently fell back to NCCL (with the best
+    objective value measured, default decode_tok_s: NCCL's, never credited to the level)."""
+    obj = obj or Objective()
     out: list[str] = []
     degraded: dict[Any, list[R.TrialRecord]] = defaultdict(list)
     for r in recs:
@@ -72,26 +76,30 @@ def degraded_lines(recs: Sequence[R.TrialRecord]) -> list[str]:
         skipped = sum(1 for r in recs if r.status == "skipped" and r.failure_class == R.DEGRADED
                       and r.params.get("allreduce") == level)
         line = next((x for x in (_degraded_line(r) for r in rs) if x), None)
+        measured = M.value_text(M.best_value([M.value_of(r, obj) for r in rs], obj) or 0.0, obj)
         out.append(f"- **allreduce={level} is not what runs** ({R.DEGRADED}): the server silently fell back to NCCL "
-                   f"({trials(r.number for r in rs)}; measured {fmt(max(r.value or 0 for r in rs))} tok/s is NCCL's, "
+                   f"({trials(r.number for r in rs)}; measured {measured} is NCCL's, "
                    f"never credited to {level})" + (f"; {skipped} later proposal(s) skipped" if skipped else ""))
         if line:
             out.append(f"  - decisive line: {code(line[:300])}")
     return out
 
 
-def speculative_lines(recs: Sequence[R.TrialRecord], base: float | None) -> list[str]:
-    """An entry when every speculative config that ran was slower than the baseline."""
-    spec_ok = [r for r in recs if r.status == "ok" and r.value is not None and r.duplicate_of is None
+def speculative_lines(recs: Sequence[R.TrialRecord], base: float | None, obj: Objective | None = None) -> list[str]:
+    """An entry when every speculative config that ran was worse than the baseline on the
+    objective (default decode_tok_s)."""
+    obj = obj or Objective()
+    spec_ok = [r for r in recs if M.value_of(r, obj) is not None and r.duplicate_of is None
                and r.params.get("speculative") not in (None, "none") and R.counts_for_level(r)]
-    if not (base and spec_ok and all(r.value < base for r in spec_ok)):
+    if not (base and spec_ok and all(obj.better(base, M.value_of(r, obj)) for r in spec_ok)):
         return []
-    b = max(spec_ok, key=lambda r: r.value)
+    b = obj.best(spec_ok, lambda r: M.value_of(r, obj))
+    v = M.value_of(b, obj)
     acc = [r.metrics.get("accept_length") for r in spec_ok if r.metrics.get("accept_length")]
     if not acc:
-        return [f"- **speculative decoding never beat the baseline**: best {b.value:.1f} tok/s in t{b.number}"]
+        return [f"- **speculative decoding never beat the baseline**: best {M.value_text(v, obj)} in t{b.number}"]
     return [f"- **speculative decoding never beat the baseline** (spec_decode_no_speedup): best "
-            f"{b.value:.1f} tok/s = {b.value / base:.2f}x in t{b.number} ({cfg(b.params)}); "
+            f"{M.value_text(v, obj)} = {obj.ratio(v, base):.2f}x in t{b.number} ({cfg(b.params)}); "
             f"{len(spec_ok)} trials, acceptance length {min(acc):.2f}–{max(acc):.2f}; "
             f"ITL p99 {fmt(b.metrics.get('itl_ms_p99'))} ms vs p50 {fmt(b.metrics.get('itl_ms_p50'))} ms "
             "(each verify cycle costs far more than one plain step)"]
@@ -121,6 +129,7 @@ def earlier_rule_lines(ctx: Context, seen_classes: set[str]) -> list[str]:
 def dead_ends_section(ctx: Context, recs: Sequence[R.TrialRecord], base: float | None) -> list[str]:
     """The "Dead ends" section (or "None found yet.")."""
     failures, seen = failure_lines(ctx, recs)
-    out = failures + degraded_lines(recs) + speculative_lines(recs, base) + mismatch_lines(ctx.confirmation)
+    out = failures + degraded_lines(recs, ctx.objective) + speculative_lines(recs, base, ctx.objective)
+    out += mismatch_lines(ctx.confirmation)
     out += earlier_rule_lines(ctx, seen)
     return ["### Dead ends", "", *(out or ["None found yet."]), ""]

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeps import records as R
+from sweeps.findings import measure as M
 from sweeps.findings.text import trials
+from sweeps.objective import Objective
 
 # Knobs that group the approaches table, in order of preference (DESIGN.md § Findings
 # document: "allreduce backend x speculation").
@@ -107,15 +109,23 @@ def _failures_text(g: Group) -> str:
                      for c, _ in fails.most_common())
 
 
-def outcome(g: Group, base: float | None) -> str:
-    """One phrase for the group: works (and how it compares with ``base``), falls back,
-    fails (by class), no result (infrastructure), skipped, running, infeasible or untried."""
+def best_in(g: Group, obj: Objective) -> tuple[float | None, int | None]:
+    """(the group's best objective value, its trial number), or (None, None)."""
+    best = M.best_record(g.ok, obj)
+    return (M.value_of(best, obj), best.number) if best else (None, None)
+
+
+def outcome(g: Group, base: float | None, obj: Objective | None = None) -> str:
+    """One phrase for the group: works (and how its best compares with ``base`` on the
+    objective, default decode_tok_s), falls back, fails (by class), no result
+    (infrastructure), skipped, running, infeasible or untried."""
+    obj = obj or Objective()
     fails_txt = _failures_text(g)
     if g.ok:
-        best = max(g.ok, key=lambda r: r.value or 0)
+        bv, _ = best_in(g, obj)
         txt = "works"
-        if base and best.value is not None and best.value < base:
-            txt += f", slower than baseline ({best.value / base:.2f}x)"
+        if base and bv is not None and obj.better(base, bv):
+            txt += f", {M.slower(obj)} than baseline ({obj.ratio(bv, base):.2f}x)"
         if fails_txt:
             txt += f"; some configs fail: {fails_txt}"
         if g.degraded:

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sweeps import records as R
-from sweeps.findings.baseline import baseline_entry, baseline_history, baseline_section
+from sweeps.findings import measure as M
+from sweeps.findings.baseline import LEGACY_OBJECTIVE, baseline_entry, baseline_history, baseline_section
 from sweeps.findings.context import Context
 from sweeps.findings.dead_ends import dead_ends_section
 from sweeps.findings.document import BEGIN, END, HEADER, data_line
@@ -20,15 +21,17 @@ from sweeps.findings.sections import (
     environment_section,
 )
 from sweeps.findings.untried import untried_section
+from sweeps.objective import Objective
 
 DATA_VERSION = 1
 SWEEPS_KEPT = 20  # earlier sweeps remembered in the data block
 
 
-def _winner(recs: Sequence[R.TrialRecord], conf: Mapping[str, Any] | None
+def _winner(recs: Sequence[R.TrialRecord], conf: Mapping[str, Any] | None, obj: Objective
             ) -> tuple[R.TrialRecord | None, Mapping[str, Any] | None]:
-    """(the best record: the confirmed winner where confirmation named one; its confirmation entry)."""
-    best = R.best_record(list(recs))
+    """(the best record on ``obj``: the confirmed winner where confirmation named one; its
+    confirmation entry)."""
+    best = M.best_record(recs, obj)
     if conf and conf.get("winner") is not None:
         best = next((r for r in recs if r.number == conf["winner"]), best)
         return best, next((e for e in conf.get("entries", []) if e.get("trial") == conf["winner"]), None)
@@ -39,9 +42,13 @@ def _sweeps_data(ctx: Context, recs: Sequence[R.TrialRecord], best: R.TrialRecor
                  old_data: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(earlier sweeps of the document, the remembered sweeps including this one)."""
     prev = [e for e in (old_data.get("sweeps") or []) if isinstance(e, dict) and e.get("study") != ctx.study]
-    this = {"study": ctx.study, "date": ctx.now, "best_tok_s": best.value if best else None,
+    obj = ctx.objective
+    best_v = M.value_of(best, obj) if best else None
+    this = {"study": ctx.study, "date": ctx.now, "objective": obj.name, "best_value": best_v,
             "best_config": best.params if best else None, "best_trial": best.number if best else None,
-            "baseline_tok_s": base, "launched": sum(r.launched for r in recs)}
+            "baseline_value": base, "launched": sum(r.launched for r in recs)}
+    if obj.name == LEGACY_OBJECTIVE:
+        this.update(best_tok_s=best_v, baseline_tok_s=base)
     return prev, (prev + [this])[-SWEEPS_KEPT:]
 
 
@@ -58,25 +65,26 @@ def render_section(ctx: Context, records: Sequence[R.TrialRecord],
     """
     old_data = old_data or {}
     recs = list(records)
-    base = R.baseline_value(recs)
+    obj = ctx.objective
+    base = M.baseline_value(recs, obj)
     cur_entry = baseline_entry(ctx, recs)
     hist = baseline_history(old_data, cur_entry, ctx.study)
     conf = ctx.confirmation or None
-    best, winner_entry = _winner(recs, conf)
+    best, winner_entry = _winner(recs, conf, obj)
     gk, groups = build_groups(ctx.space, recs)
     prev, sweeps = _sweeps_data(ctx, recs, best, base, old_data)
 
     L: list[str] = [BEGIN, HEADER, f"## servesweep findings: {ctx.study}", ""]
     if ctx.description:
         L += [f"_{ctx.description.strip()}_", ""]
-    L += [counts_line(ctx, recs), ""]
+    L += [counts_line(ctx, recs), "", M.describe(obj), ""]
     L += environment_section(ctx)
     L += baseline_section(ctx, recs, base, cur_entry, hist)
-    L += best_section(best, base, conf, winner_entry)
-    L += approaches_section(gk, groups, base)
+    L += best_section(best, base, conf, winner_entry, obj)
+    L += approaches_section(gk, groups, base, obj)
     L += dead_ends_section(ctx, recs, base)
     L += untried_section(ctx, recs, groups, gk)
-    L += earlier_sweeps_section(prev)
+    L += earlier_sweeps_section(prev, obj)
     data = {"version": DATA_VERSION, "study": ctx.study, "updated": ctx.now, "baselines": hist, "sweeps": sweeps}
     L += [data_line(data), END]
     return "\n".join(L) + "\n", data

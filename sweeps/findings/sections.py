@@ -8,9 +8,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sweeps import records as R
+from sweeps.findings import measure as M
 from sweeps.findings.context import Context, fp_hash
-from sweeps.findings.groups import Group, outcome
+from sweeps.findings.groups import Group, best_in, outcome
 from sweeps.findings.text import cfg, fmt, row
+from sweeps.objective import Objective
 
 MAX_GROUP_ROWS = 40
 
@@ -47,15 +49,16 @@ def environment_section(ctx: Context) -> list[str]:
     return L
 
 
-def confirmation_lines(conf: Mapping[str, Any]) -> list[str]:
-    """The "Confirmation" table: every re-measured config with its mean, interval, speedup,
-    token comparison and verdict."""
+def confirmation_lines(conf: Mapping[str, Any], obj: Objective | None = None) -> list[str]:
+    """The "Confirmation" table: every re-measured config with its mean objective value
+    (default decode_tok_s), interval, speedup, token comparison and verdict."""
+    obj = obj or Objective()
     lv = conf.get("confidence", 0.95)
     out = [f"Top {conf.get('top_k')} configs and the baseline re-measured {conf.get('repeats')}× each "
            f"(fresh launches; the sweep's own measurement is not reused, so a lucky draw cannot win); "
-           f"mean decode tok/s with {lv * 100:.0f} % t-intervals; greedy output token ids compared with the "
+           f"mean {M.wording(obj)} with {lv * 100:.0f} % t-intervals; greedy output token ids compared with the "
            f"baseline's for the same prompts.", "",
-           "| trial | config | runs | mean tok/s | 95 % CI | speedup (95 % CI) | tokens | verdict |",
+           f"| trial | config | runs | mean {M.column(obj)} | 95 % CI | speedup (95 % CI) | tokens | verdict |",
            "|---|---|---|---|---|---|---|---|"]
     for e in conf.get("entries", []):
         sp = e.get("speedup_mean")
@@ -73,9 +76,9 @@ def confirmation_lines(conf: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _confirmed_line(winner_entry: Mapping[str, Any] | None, conf: Mapping[str, Any] | None) -> str:
+def _confirmed_line(winner_entry: Mapping[str, Any] | None, conf: Mapping[str, Any] | None, obj: Objective) -> str:
     if winner_entry:
-        return (f"Confirmed: {fmt(winner_entry.get('mean'))} tok/s mean over {winner_entry.get('n')} fresh runs "
+        return (f"Confirmed: {M.value_text(winner_entry.get('mean'), obj)} mean over {winner_entry.get('n')} fresh runs "
                 f"(95 % CI {fmt(winner_entry.get('ci_low'))}–{fmt(winner_entry.get('ci_high'))}); greedy output "
                 + {True: "identical to the baseline's.", False: "DIFFERS from the baseline's.",
                    None: "not compared (no token ids)."}[winner_entry.get("tokens_match")])
@@ -84,57 +87,77 @@ def _confirmed_line(winner_entry: Mapping[str, Any] | None, conf: Mapping[str, A
     return "Measured once in the sweep; not yet confirmed with repeats."
 
 
+def _metrics_line(m: Mapping[str, float], obj: Objective) -> str:
+    """The best config's other metrics (decode tok/s among them when it is not the objective)."""
+    decode = "" if obj.name == "decode_tok_s" else f"decode {fmt(m.get('decode_tok_s'))} tok/s, "
+    return (f"({decode}TTFT p50 {fmt(m.get('ttft_ms_p50'), 0)} ms, ITL p50 {fmt(m.get('itl_ms_p50'))} ms, "
+            f"ITL p99 {fmt(m.get('itl_ms_p99'))} ms, acceptance length {fmt(m.get('accept_length'), 2)})")
+
+
 def best_section(best: R.TrialRecord | None, base: float | None, conf: Mapping[str, Any] | None,
-                 winner_entry: Mapping[str, Any] | None) -> list[str]:
-    """The "Best config" section (the confirmed winner where confirmation ran) and the
-    "Confirmation" table."""
+                 winner_entry: Mapping[str, Any] | None, obj: Objective | None = None) -> list[str]:
+    """The "Best config" section (the confirmed winner where confirmation ran; best on the
+    objective, default decode_tok_s, otherwise) and the "Confirmation" table."""
+    obj = obj or Objective()
     L = ["### Best config", ""]
-    if best is None:
+    v = M.value_of(best, obj) if best is not None else None
+    if best is None or v is None:
         L.append("No successful trial yet.")
     else:
-        sp = (best.value / base) if base and best.value else None
-        L.append(f"**t{best.number}: {best.value:.1f} tok/s**" + (f", **{sp:.2f}x** the baseline" if sp else "")
-                 + f" — {cfg(best.params)}")
-        m = best.metrics
-        L.append(f"(TTFT p50 {fmt(m.get('ttft_ms_p50'), 0)} ms, ITL p50 {fmt(m.get('itl_ms_p50'))} ms, "
-                 f"ITL p99 {fmt(m.get('itl_ms_p99'))} ms, acceptance length {fmt(m.get('accept_length'), 2)})")
-        L.append(_confirmed_line(winner_entry, conf))
+        sp = obj.ratio(v, base) if base and v else None
+        L.append(f"**t{best.number}: {M.value_text(v, obj)}**"
+                 + (f", **{sp:.2f}x** {M.versus_baseline(obj)}" if sp else "") + f" — {cfg(best.params)}")
+        L.append(_metrics_line(best.metrics, obj))
+        L.append(_confirmed_line(winner_entry, conf, obj))
         L += ["", "```bash", best.launch_command or "(launch command not recorded)", "```"]
     L.append("")
     if conf:
-        L += ["### Confirmation", ""] + confirmation_lines(conf) + [""]
+        L += ["### Confirmation", ""] + confirmation_lines(conf, obj) + [""]
     return L
 
 
-def approaches_section(gk: list[str], groups: dict[tuple, Group], base: float | None) -> list[str]:
+def approaches_section(gk: list[str], groups: dict[tuple, Group], base: float | None,
+                       obj: Objective | None = None) -> list[str]:
     """The "Approaches" table: one row per combination of the grouping knobs (only those
-    launched or skipped when there are more than :data:`MAX_GROUP_ROWS`)."""
+    launched or skipped when there are more than :data:`MAX_GROUP_ROWS`), with the best
+    objective value (default decode_tok_s) and its ratio to the baseline."""
+    obj = obj or Objective()
     if not gk:
         return []
     L = [f"### Approaches ({' × '.join(gk)})", "",
-         "| " + " | ".join(gk) + " | best tok/s | speedup | launched | skipped | outcome |",
+         "| " + " | ".join(gk) + f" | best {M.column(obj)} | speedup | launched | skipped | outcome |",
          "|" + "---|" * (len(gk) + 5)]
     rows = list(groups.values())
     if len(rows) > MAX_GROUP_ROWS:
         rows = [g for g in rows if g.launched or g.skipped]
     for g in rows:
-        bv = max((r.value for r in g.ok if r.value is not None), default=None)
-        bt = max(g.ok, key=lambda r: r.value or 0).number if g.ok else None
+        bv, bt = best_in(g, obj)
         L.append(row([*g.key, f"{fmt(bv)} (t{bt})" if bv is not None else "–",
-                      f"{bv / base:.2f}x" if bv is not None and base else "–",
-                      g.launched, len(g.skipped), outcome(g, base)]))
+                      f"{sp:.2f}x" if (sp := M.ratio(bv, base, obj)) is not None else "–",
+                      g.launched, len(g.skipped), outcome(g, base, obj)]))
     L.append("")
     return L
 
 
-def earlier_sweeps_section(prev: Sequence[Mapping[str, Any]]) -> list[str]:
+def _sweep_value(e: Mapping[str, Any], which: str, obj: Objective) -> str:
+    """An earlier sweep's ``best``/``baseline`` value; suffixed with its metric when that
+    sweep ranked by another objective (entries without one measured decode_tok_s)."""
+    v = e.get(f"{which}_value", e.get(f"{which}_tok_s"))
+    theirs = e.get("objective", "decode_tok_s")
+    v = v if isinstance(v, int | float) else None
+    return fmt(v) if theirs == obj.name else f"{fmt(v)} ({theirs})"
+
+
+def earlier_sweeps_section(prev: Sequence[Mapping[str, Any]], obj: Objective | None = None) -> list[str]:
     """The "Earlier sweeps in this document" table (empty without earlier sweeps)."""
+    obj = obj or Objective()
     if not prev:
         return []
-    L = ["### Earlier sweeps in this document", "", "| sweep | date | launched | baseline tok/s | best tok/s | best config |",
-         "|---|---|---|---|---|---|"]
+    col = M.column(obj)
+    L = ["### Earlier sweeps in this document", "",
+         f"| sweep | date | launched | baseline {col} | best {col} | best config |", "|---|---|---|---|---|---|"]
     for e in prev[-10:]:
-        L.append(row([e.get("study"), e.get("date"), e.get("launched", ""), fmt(e.get("baseline_tok_s")),
-                      fmt(e.get("best_tok_s")), cfg(e.get("best_config") or {})]))
+        L.append(row([e.get("study"), e.get("date"), e.get("launched", ""), _sweep_value(e, "baseline", obj),
+                      _sweep_value(e, "best", obj), cfg(e.get("best_config") or {})]))
     L.append("")
     return L
