@@ -27,8 +27,8 @@ from typing import Any
 
 import optuna
 
+import sweeps.findings.measure as M
 from sweeps import records as R
-from sweeps.findings import measure as M
 from sweeps.objective import Objective
 
 log = logging.getLogger("servesweep.report")

@@ -7,8 +7,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+import sweeps.findings.measure as M
 from sweeps import records as R
-from sweeps.findings import measure as M
 from sweeps.findings.context import Context
 from sweeps.findings.text import cfg, code, fmt, trials
 from sweeps.objective import Objective

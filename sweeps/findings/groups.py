@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import sweeps.findings.measure as M
 from sweeps import records as R
-from sweeps.findings import measure as M
 from sweeps.findings.text import trials
 from sweeps.objective import Objective
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import sweeps.findings.measure as M
 from sweeps import records as R
-from sweeps.findings import measure as M
 from sweeps.findings.baseline import LEGACY_OBJECTIVE, baseline_entry, baseline_history, baseline_section
 from sweeps.findings.context import Context
 from sweeps.findings.dead_ends import dead_ends_section

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import sweeps.findings.measure as M
 from sweeps import records as R
-from sweeps.findings import measure as M
 from sweeps.findings.context import Context, fp_hash
 from sweeps.findings.groups import Group, best_in, outcome
 from sweeps.findings.text import cfg, fmt, row
