@@ -131,6 +131,22 @@ def test_every_knob_level_renders_to_an_argv_sglang_accepts(check):
     argvs = _render_unique(_knob_grid())
     assert len(argvs) >= 4 * 2 * 3 * 2 * (1 + len(SPEC_SHAPES))  # env-only knobs collapse
     _assert_all_ok(argvs, check(argvs))
+    from tasks.emulator.flags import parse_flags
+
+    for a in argvs:  # the emulated server reads the same knob table: it accepts them too
+        parse_flags(sglang_cli.server_args_of(a), "0.5.23")
+
+
+def test_every_flag_the_emulated_server_accepts_exists_in_sglang_0_5_23(contract_python):
+    """The knob table's 0.5.23 rows (names and aliases) are option strings of SGLang's real parser."""
+    from tasks.emulator.flags import flag_names
+
+    dump = ("import argparse, json; from sglang.srt.server_args import ServerArgs; p = argparse.ArgumentParser(); "
+            "ServerArgs.add_cli_args(p); print(json.dumps(sorted(p._option_string_actions)))")
+    proc = subprocess.run([contract_python, "-c", dump], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    real = set(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert flag_names("0.5.23") <= real, sorted(flag_names("0.5.23") - real)
 
 
 # --- shipped sweep configs ---------------------------------------------------------------

@@ -262,11 +262,19 @@ def load_flag_table(engine: str) -> FlagTable:
     Raises:
         FlagTableError: the file is missing or malformed (names the file, row and field).
     """
-    path = _HERE / f"{engine}_flags.json"
+    return read_flag_table(_HERE / f"{engine}_flags.json", engine)
+
+
+def read_flag_table(path: Path, engine: str = "") -> FlagTable:
+    """Read and validate one knob table file (see the module docstring for its rows).
+
+    Raises:
+        FlagTableError: the file is missing or malformed (names the file, row and field).
+    """
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise FlagTableError(f"{path}: cannot read the knob table of {engine!r}: {e}") from None
+        raise FlagTableError(f"{path}: cannot read this knob table: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("flags"), list) or not data["flags"]:
         raise FlagTableError(f"{path}: needs a non-empty 'flags' list")
     rows = tuple(_row(i, d, str(path)) for i, d in enumerate(data["flags"]))
