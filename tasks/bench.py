@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from tasks.stats import percentile
 from tasks.types import BenchSpec
 
 
@@ -102,15 +103,6 @@ def record_from_events(t_send: float, events: Iterable[tuple[float, dict[str, An
     return rec
 
 
-def _percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def summarize(records: list[RequestRecord], wall_s: float) -> dict[str, float]:
     """Aggregate measured requests into the trial metrics (see module docstring).
 
@@ -129,8 +121,8 @@ def summarize(records: list[RequestRecord], wall_s: float) -> dict[str, float]:
         "decode_tok_s": statistics.median(r.decode_tok_s for r in records),
         "output_tok_s": tokens / wall_s if wall_s > 0 else float("nan"),
         "ttft_ms_p50": statistics.median(r.ttft_ms for r in records),
-        "itl_ms_p50": _percentile(itl, 0.50),
-        "itl_ms_p99": _percentile(itl, 0.99),
+        "itl_ms_p50": percentile(itl, 0.50),
+        "itl_ms_p99": percentile(itl, 0.99),
         "accept_length": accept,
         "e2e_s_p50": statistics.median(r.t_done - r.t_send for r in records),
         "completed": float(len(records)),
@@ -173,7 +165,8 @@ def stream_generate(client: httpx.Client, base_url: str, input_ids: list[int], m
                     break
                 events.append((time.perf_counter(), json.loads(payload)))
                 if t_end is not None and time.monotonic() > t_end:
-                    raise BenchError(f"benchmark exceeded its time limit (backend.timeouts.bench_s) after {len(events)} chunks", "stall")
+                    raise BenchError("benchmark exceeded its time limit (backend.timeouts.bench_s) after "
+                                     f"{len(events)} chunks", "stall")
     except httpx.ReadTimeout:
         raise BenchError(f"stream stalled: no data for {timeout_s:.0f} s after {len(events)} chunks", "stall") from None
     except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
@@ -184,7 +177,8 @@ def stream_generate(client: httpx.Client, base_url: str, input_ids: list[int], m
     return rec
 
 
-def run_benchmark(base_url: str, spec: BenchSpec, deadline_s: float | None = None) -> tuple[dict[str, float], list[RequestRecord]]:
+def run_benchmark(base_url: str, spec: BenchSpec,
+                  deadline_s: float | None = None) -> tuple[dict[str, float], list[RequestRecord]]:
     """Warm up, then run ``spec.repeats`` measured requests ``spec.concurrency`` at a time.
 
     Args:

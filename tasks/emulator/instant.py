@@ -17,18 +17,10 @@ from typing import Any
 
 from tasks.emulator.flags import LaunchArgError
 from tasks.emulator.model import accepted_from_uniform, evaluate, evaluate_argv, parse_launch, run_factor
+from tasks.stats import percentile
 from tasks.types import BenchSpec
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def _token_itls(probs: list[float], interval_ms: float, output_len: int, spec: bool, seed: int) -> list[float]:
@@ -96,7 +88,8 @@ def simulate(profile: dict, argv: list[str], env: dict, bench: BenchSpec, seed: 
     bench_s = warm_s + bench.repeats * e2e_s
     startup = pred.startup_s["total"]
     metrics = {"decode_tok_s": decode_meas, "output_tok_s": bench.output_len * bench.concurrency / e2e_s,
-               "ttft_ms_p50": ttft_ms, "itl_ms_p50": _pct(itls, 0.5), "itl_ms_p99": _pct(itls, 0.99),
+               "ttft_ms_p50": ttft_ms, "itl_ms_p50": percentile(itls, 0.5, empty=0.0),
+               "itl_ms_p99": percentile(itls, 0.99, empty=0.0),
                "accept_length": pred.accept_length, "e2e_s_p50": e2e_s}
     return {**base, "status": "ok", "metrics": metrics, "failure_class": None, "failure_signature": None,
             "exit_code": None, "phase": None, "startup_s": startup, "bench_s": bench_s,
