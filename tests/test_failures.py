@@ -109,7 +109,8 @@ def test_precedence_follows_taxonomy_order():
 def _perturb(text: str, rng: random.Random) -> str:
     """Same failure, other run: timestamps, ranks, pids, line numbers, sizes, paths, hosts."""
     def ts(_m):
-        return f"2027-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}"
+        day = f"2027-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+        return f"{day} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}"
 
     subs = [
         (r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}", ts),
@@ -419,3 +420,48 @@ def test_custom_allreduce_fallback_wordings_of_sglang_0_5_23(line):
     from tasks.failures import detect_perf_tags
 
     assert detect_perf_tags(line) == ["allreduce_path_degraded"]
+
+
+# ------------------------------------------------------------------ the signature table file
+def _table_with(tmp_path: Path, edit) -> Path:
+    from tasks.failure_signatures import TABLE_PATH
+
+    data = yaml.safe_load(TABLE_PATH.read_text())
+    edit(data)
+    p = tmp_path / "sig.yaml"
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return p
+
+
+def test_shipped_table_loads_to_the_classifier_tables():
+    from tasks.failure_signatures import load_tables
+
+    t = load_tables()
+    assert t.kinds == KIND
+    assert [s.failure_class for s in t.signatures] == [s.failure_class for s in SIGNATURES]
+    assert [p.pattern for s in t.signatures for p in s.patterns] == [p.pattern for s in SIGNATURES for p in s.patterns]
+
+
+_FUSION = r"signatures\[4\] \(flashinfer_allreduce_fusion_unsupported_arch\)"
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["signatures"][4]["patterns"].append("(unclosed"), _FUSION + r"\.patterns\[2\]: bad regex"),
+    (lambda d: d["signatures"][0].update({"class": "no_such_class"}),
+     r"signatures\[0\] \(no_such_class\): class is not in kinds"),
+    (lambda d: d["signatures"][1].update({"requirs": "x"}), r"signatures\[1\] \(cli_arg_error\): unknown keys \['requirs'\]"),
+    (lambda d: d["signatures"][0].update({"exit_codes": ["2"]}), r"signatures\[0\] \(cli_arg_error\)\.exit_codes"),
+    (lambda d: d["signatures"][0].update({"stages": ["nowhere"]}), r"signatures\[0\] \(cli_arg_error\)\.stages"),
+    (lambda d: d["signatures"][0].update({"check": "magic"}), r"signatures\[0\] \(cli_arg_error\)\.check: 'magic'"),
+    (lambda d: d["kinds"].update({"cli_arg_error": "sometimes"}), r"kinds\.cli_arg_error: 'sometimes'"),
+    (lambda d: d["signatures"].append({"class": "cli_arg_error", "patterns": ["x"]}),
+     r"rows of cli_arg_error are not contiguous"),
+    (lambda d: d["kinds"].update({"brand_new": "transient"}), r"no row for \['brand_new'\]"),
+    (lambda d: d["normalizers"].append(["x"]), r"normalizers\[\d+\]: expected \[regex, replacement\]"),
+    (lambda d: d["milestones"][0].update({"pattern": "[bad"}), r"milestones\[0\] \(dist_init\): bad regex"),
+])
+def test_bad_table_entry_is_named_in_the_error(tmp_path, edit, message):
+    from tasks.failure_signatures import SignatureTableError, load_tables
+
+    with pytest.raises(SignatureTableError, match=message):
+        load_tables(_table_with(tmp_path, edit))
