@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import shutil
 import signal
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from filelock import FileLock, Timeout
 
 from tasks.types import Timeouts
 
@@ -61,9 +61,10 @@ class LifecycleError(RuntimeError):
 def reserve_ports(n: int = 2, host: str = "127.0.0.1") -> Iterator[list[int]]:
     """Reserve ``n`` free TCP ports on ``host`` for one trial (``--port``, ``--nccl-port``, ...).
 
-    Each port is held by an exclusive ``flock`` on ``<tmp>/servesweep-ports/<port>.lock`` for
-    the whole block, so concurrent trials on the same host never pick the same port; the
-    probing sockets are closed before yielding so the server can bind.
+    Each port is held by an exclusive file lock (``filelock``, ``flock`` underneath) on
+    ``<tmp>/servesweep-ports/<port>.lock`` for the whole block, so concurrent trials on the
+    same host never pick the same port; the probing sockets are closed before yielding so the
+    server can bind.
 
     Yields:
         list of ``n`` distinct port numbers.
@@ -71,7 +72,7 @@ def reserve_ports(n: int = 2, host: str = "127.0.0.1") -> Iterator[list[int]]:
         LifecycleError(port_in_use): no free ports after 200 attempts.
     """
     PORT_LOCK_DIR.mkdir(parents=True, exist_ok=True)
-    held: list[tuple[int, int]] = []  # (port, lock fd)
+    held: list[tuple[int, FileLock]] = []
     try:
         for _ in range(200):
             if len(held) == n:
@@ -81,19 +82,18 @@ def reserve_ports(n: int = 2, host: str = "127.0.0.1") -> Iterator[list[int]]:
                 port = s.getsockname()[1]
             if any(p == port for p, _ in held):
                 continue
-            fd = os.open(PORT_LOCK_DIR / f"{port}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+            lock = FileLock(PORT_LOCK_DIR / f"{port}.lock", timeout=0)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
+                lock.acquire()
+            except Timeout:
                 continue
-            held.append((port, fd))
+            held.append((port, lock))
         if len(held) < n:
             raise LifecycleError(f"could not reserve {n} free ports on {host}", "startup", "port_in_use")
         yield [p for p, _ in held]
     finally:
-        for _, fd in held:
-            os.close(fd)
+        for _, lock in held:
+            lock.release()
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -228,20 +228,26 @@ class ServerProcess:
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=self.timeouts.term_grace_s + 30,
                 )
         self._signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + self.timeouts.term_grace_s
-        while time.monotonic() < deadline:
-            self.proc.poll()
-            if not self.alive_pids():
-                break
-            time.sleep(0.05)
-        if self.alive_pids():
+        if not self._wait_gone(self.timeouts.term_grace_s):
             self._signal_all(signal.SIGKILL)
-            end = time.monotonic() + 5.0
-            while time.monotonic() < end and self.alive_pids():
-                self.proc.poll()
-                time.sleep(0.05)
+            self._wait_gone(5.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=1.0)
+        return not self.alive_pids()
+
+    def _wait_gone(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` (s) for the tree to exit: ``psutil.wait_procs`` on the
+        descendants, ``Popen.wait`` on the server itself (so its exit code is kept, not reaped
+        by psutil). True when nothing of the tree is alive."""
+        t_end = time.monotonic() + timeout_s
+        others = []
+        for pid in self.alive_pids():
+            if pid != self.proc.pid:
+                with contextlib.suppress(psutil.Error):
+                    others.append(psutil.Process(pid))
+        psutil.wait_procs(others, timeout=timeout_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=max(0.0, t_end - time.monotonic()))
         return not self.alive_pids()
 
     def _signal_all(self, sig: int) -> None:
