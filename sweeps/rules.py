@@ -19,6 +19,9 @@ Concurrency: SQLite gets a busy timeout and ``BEGIN IMMEDIATE`` write transactio
 journal), so two processes (two sweeps, or a sweep and the CLI) can learn at once without
 losing evidence; other databases use ``SELECT ... FOR UPDATE``.
 
+What a rule matches on (canonical values, fingerprints, implicated knobs, ``Rule``) is in
+``sweeps.rules_match``, re-exported here.
+
 CLI: ``python -m sweeps.rules [--db URL] list|explain ID|forget ID``.
 """
 
@@ -27,22 +30,31 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
-import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
 from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, event, select
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
 
+from sweeps.rules_match import (
+    DEFAULT_KNOBS_PATH,
+    FINGERPRINT_KEYS,
+    REPO,
+    Rule,
+    canon_value,
+    canonical_json,
+    fingerprint_hash,
+    fingerprint_subset,
+    implicated_params,
+    load_implicated_knobs,
+    uses_model,
+)
 from tasks.failures import KIND
 
 __all__ = [
@@ -53,25 +65,16 @@ __all__ = [
     "RuleStore",
     "canonical_json",
     "fingerprint_hash",
+    "fingerprint_subset",
     "implicated_params",
     "load_implicated_knobs",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
 #: Default store: the SQLite file ``mlflow/servesweep.db`` at the repo root (absolute path).
 DEFAULT_DB_URL = f"sqlite:///{REPO / 'mlflow' / 'servesweep.db'}"
-#: Class -> implicated knobs (see the file's header for the item syntax).
-DEFAULT_KNOBS_PATH = REPO / "conf" / "failure_knobs.yaml"
-#: Fingerprint keys that identify the software/hardware stack (DESIGN.md § Failure knowledge);
-#: other keys (hostname, node id, errors) do not change the hash.
-FINGERPRINT_KEYS = ("gpu_arch", "compute_capability", "gpu_name", "driver", "cuda", "nccl", "torch", "sglang",
-                    "flashinfer")
 #: SQLite busy timeout, s: how long a writer waits for another process's transaction.
 BUSY_TIMEOUT_S = 30.0
 TABLE_NAME = "servesweep_failure_rules"
-_FULL = "*"
-_MODEL = "model"
-_DEFAULTS = ("default", "none", "null", "")
 
 _metadata = MetaData()
 _rules = Table(
@@ -91,184 +94,6 @@ _rules = Table(
     Column("updated_at", String(40), nullable=False),
     Column("hits", Integer, nullable=False, default=0),
 )
-
-
-# ----------------------------------------------------------------------------- canonical forms
-def _canon_value(v: Any) -> Any:
-    """JSON-able canonical form: numpy scalars -> Python, floats to 12 significant digits."""
-    if hasattr(v, "item") and callable(v.item) and not isinstance(v, (list, tuple, dict, str, bytes)):
-        try:
-            v = v.item()
-        except (TypeError, ValueError):
-            pass
-    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
-        return v
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return str(v)
-        return float(f"{v:.12g}")
-    if isinstance(v, Mapping):
-        return {str(k): _canon_value(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(v, (list, tuple)):
-        return [_canon_value(x) for x in v]
-    return str(v)
-
-
-def canonical_json(obj: Any) -> str:
-    """Canonical JSON (sorted keys, no spaces, canonical values); equal inputs give equal text."""
-    return json.dumps(_canon_value(obj), sort_keys=True, separators=(",", ":"))
-
-
-def fingerprint_hash(fingerprint: Mapping[str, Any]) -> str:
-    """sha256 hex of the canonical JSON of the :data:`FINGERPRINT_KEYS` present (values as str).
-
-    Raises:
-        ValueError: none of :data:`FINGERPRINT_KEYS` is present (a rule must not apply to
-            every environment).
-    """
-    fp = {k: str(fingerprint[k]) for k in FINGERPRINT_KEYS if fingerprint.get(k) not in (None, "")}
-    if not fp:
-        raise ValueError(f"fingerprint has none of {FINGERPRINT_KEYS}: {dict(fingerprint)!r}")
-    return hashlib.sha256(canonical_json(fp).encode()).hexdigest()
-
-
-def _fp_subset(fingerprint: Mapping[str, Any]) -> dict[str, str]:
-    return {k: str(fingerprint[k]) for k in FINGERPRINT_KEYS if fingerprint.get(k) not in (None, "")}
-
-
-# ----------------------------------------------------------------------------- implicated knobs
-def load_implicated_knobs(path: str | Path = DEFAULT_KNOBS_PATH) -> dict[str, list[str]]:
-    """Read ``conf/failure_knobs.yaml``: failure class -> implicated knob items.
-
-    Items: ``knob``, ``knob?`` (only when set to a non-default value), ``model`` (key by
-    model), ``*`` (full config).
-
-    Raises:
-        ValueError: the file is not a mapping of class -> list of strings, or names a class
-            that is not canonical (``tasks.failures.KIND``).
-        OSError: the file cannot be read.
-    """
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of failure class -> list of knob names")
-    out: dict[str, list[str]] = {}
-    for cls, items in data.items():
-        if cls not in KIND:
-            raise ValueError(f"{path}: {cls}: not a canonical failure class (see ../shared/data/failure_classes.md)")
-        if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
-            raise ValueError(f"{path}: {cls}: expected a list of knob names, got {items!r}")
-        out[str(cls)] = list(items)
-    return out
-
-
-def _is_default(v: Any) -> bool:
-    return v is None or v is False or (isinstance(v, str) and v.strip().lower() in _DEFAULTS)
-
-
-def _uses_model(failure_class: str, mapping: Mapping[str, list[str]]) -> bool:
-    return _MODEL in mapping.get(failure_class, ())
-
-
-def implicated_params(failure_class: str, params: Mapping[str, Any], mapping: Mapping[str, list[str]],
-                      signature: str | None = None) -> dict[str, Any]:
-    """The knob values a failure of ``failure_class`` implicates in a trial's params.
-
-    Args:
-        failure_class: canonical class id.
-        params: the trial's knob values, e.g. ``{"allreduce": "nccl", "nccl_algo": "Tree"}``.
-        mapping: :func:`load_implicated_knobs` output.
-        signature: the failure signature; when it names the value of one of the set
-            optional (``knob?``) knobs as a word (``NCCL_ALGO was set to Tree.``), only
-            those optional knobs are implicated.
-    Returns:
-        A dict sorted by knob name; the full ``params`` when the class is not in the mapping,
-        lists ``*``, or no listed knob is present/set.
-    """
-    items = [i for i in mapping.get(failure_class, [_FULL]) if i != _MODEL]
-    full = {k: params[k] for k in sorted(params)}
-    if _FULL in items:
-        return full
-    out: dict[str, Any] = {}
-    optional: list[str] = []
-    for item in items:
-        name, opt = (item[:-1], True) if item.endswith("?") else (item, False)
-        if name not in params or (opt and _is_default(params[name])):
-            continue
-        out[name] = params[name]
-        if opt:
-            optional.append(name)
-    if signature and len(optional) > 1:
-        named = [k for k in optional if re.search(rf"(?<![\w.-]){re.escape(str(params[k]))}(?![\w-])", signature)]
-        if named:
-            for k in optional:
-                if k not in named:
-                    out.pop(k)
-    if not out:
-        return full
-    return {k: out[k] for k in sorted(out)}
-
-
-# ----------------------------------------------------------------------------- rule
-@dataclass(frozen=True)
-class Rule:
-    """One failure rule (a row of ``servesweep_failure_rules``).
-
-    Attributes:
-        id: row id.
-        fingerprint_hash: :func:`fingerprint_hash` of the environment it was learned on.
-        fingerprint: the :data:`FINGERPRINT_KEYS` values of that environment.
-        model: the model it applies to (memory classes), or None for any model.
-        knobs: implicated knob values; a trial matches when it has all of them.
-        failure_class: canonical class id.  kind: its kind (``deterministic``, or
-            ``transient`` for a forced rule).
-        signature: normalized decisive log line of the first failure.
-        evidence: ``[{"sweep": ..., "trial_number": ...}, ...]`` trials that failed this way.
-        scope_sweep: for forced (transient) rules, the only sweep they apply to; else None.
-        created_at / updated_at: ISO-8601 UTC.
-        hits: trials skipped by this rule.
-    """
-
-    id: int
-    fingerprint_hash: str
-    fingerprint: dict[str, str]
-    model: str | None
-    knobs: dict[str, Any]
-    failure_class: str
-    kind: str
-    signature: str
-    evidence: list[dict[str, Any]] = field(default_factory=list)
-    scope_sweep: str | None = None
-    created_at: str = ""
-    updated_at: str = ""
-    hits: int = 0
-
-    def applies_to(self, fp_hash: str, model: str | None, params: Mapping[str, Any], sweep: str | None = None) -> bool:
-        """True when this rule matches a trial (same fingerprint, model, scope and knob values)."""
-        if fp_hash != self.fingerprint_hash:
-            return False
-        if self.model is not None and self.model != model:
-            return False
-        if self.scope_sweep is not None and self.scope_sweep != sweep:
-            return False
-        return all(k in params and _canon_value(params[k]) == _canon_value(v) for k, v in self.knobs.items())
-
-    def explain(self) -> str:
-        """Multi-line human description (the CLI's ``explain``)."""
-        knobs = ", ".join(f"{k}={v}" for k, v in self.knobs.items()) or "(any config)"
-        ev = "; ".join(f"{e.get('sweep')}#{e.get('trial_number')}" for e in self.evidence) or "(none)"
-        fp = ", ".join(f"{k}={v}" for k, v in self.fingerprint.items())
-        return "\n".join([
-            f"rule {self.id}: {self.failure_class} ({self.kind})",
-            f"  when:        {knobs}",
-            f"  model:       {self.model or '(any)'}",
-            f"  scope:       {('sweep ' + self.scope_sweep) if self.scope_sweep else '(every sweep on this environment)'}",
-            f"  environment: {fp}",
-            f"  fingerprint: {self.fingerprint_hash}",
-            f"  signature:   {self.signature}",
-            f"  evidence:    {ev}",
-            f"  skipped:     {self.hits} trial(s)",
-            f"  learned:     {self.created_at} (updated {self.updated_at})",
-        ])
 
 
 def _row_to_rule(r: Any) -> Rule:
@@ -383,10 +208,10 @@ class RuleStore:
         m = self.mapping if mapping is None else mapping
         fp_hash = fingerprint_hash(fingerprint)
         knobs = implicated_params(failure_class, params, m, signature)
-        model_key = str(model) if _uses_model(failure_class, m) else None
+        model_key = str(model) if uses_model(failure_class, m) else None
         scope = str(evidence.get("sweep")) if kind != "deterministic" and evidence.get("sweep") is not None else None
         key = hashlib.sha256(canonical_json([fp_hash, model_key, failure_class, knobs, scope]).encode()).hexdigest()
-        ev = _canon_value(dict(evidence))
+        ev = canon_value(dict(evidence))
         for _attempt in range(3):
             try:
                 with self._tx() as conn:
@@ -394,7 +219,7 @@ class RuleStore:
                     now = _now()
                     if row is None:
                         res = conn.execute(_rules.insert().values(
-                            rule_key=key, fingerprint_hash=fp_hash, fingerprint=canonical_json(_fp_subset(fingerprint)),
+                            rule_key=key, fingerprint_hash=fp_hash, fingerprint=canonical_json(fingerprint_subset(fingerprint)),
                             model=model_key, knobs=canonical_json(knobs), failure_class=failure_class, kind=kind,
                             signature=signature or "", evidence=canonical_json([ev]), scope_sweep=scope,
                             created_at=now, updated_at=now, hits=0))
