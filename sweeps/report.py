@@ -97,7 +97,7 @@ def history_figure(recs: Sequence[R.TrialRecord], obj: Objective | None = None) 
         ax.scatter([r.number for r in failed], [y0] * len(failed), marker="x", color="red", s=25,
                    label=f"failed ({len(failed)})")
     ax.set_xlabel("trial")
-    ax.set_ylabel("decode tok/s (batch 1)" if obj.name == "decode_tok_s" else M.axis(obj))
+    ax.set_ylabel("decode tok/s (batch 1)" if obj.name == M.DECODE else M.axis(obj))
     ax.set_title(f"optimization history: {obj.label}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")

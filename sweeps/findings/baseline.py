@@ -21,7 +21,7 @@ from sweeps.objective import Objective
 # the emulated node's run-to-run noise is 1.5 % (conf/backend/emulated.yaml, real nodes
 # 1-2 %); 3 % is two standard deviations of one measurement.
 DRIFT_THRESHOLD = 0.03
-LEGACY_OBJECTIVE = "decode_tok_s"  # what a data-block entry without "objective" measured
+LEGACY_OBJECTIVE = M.DECODE  # what a data-block entry without "objective" measured
 
 
 def entry_value(e: Mapping[str, Any], obj: Objective) -> float | None:

@@ -89,7 +89,7 @@ def _confirmed_line(winner_entry: Mapping[str, Any] | None, conf: Mapping[str, A
 
 def _metrics_line(m: Mapping[str, float], obj: Objective) -> str:
     """The best config's other metrics (decode tok/s among them when it is not the objective)."""
-    decode = "" if obj.name == "decode_tok_s" else f"decode {fmt(m.get('decode_tok_s'))} tok/s, "
+    decode = "" if obj.name == M.DECODE else f"decode {fmt(m.get('decode_tok_s'))} tok/s, "
     return (f"({decode}TTFT p50 {fmt(m.get('ttft_ms_p50'), 0)} ms, ITL p50 {fmt(m.get('itl_ms_p50'))} ms, "
             f"ITL p99 {fmt(m.get('itl_ms_p99'))} ms, acceptance length {fmt(m.get('accept_length'), 2)})")
 
@@ -143,7 +143,7 @@ def _sweep_value(e: Mapping[str, Any], which: str, obj: Objective) -> str:
     """An earlier sweep's ``best``/``baseline`` value; suffixed with its metric when that
     sweep ranked by another objective (entries without one measured decode_tok_s)."""
     v = e.get(f"{which}_value", e.get(f"{which}_tok_s"))
-    theirs = e.get("objective", "decode_tok_s")
+    theirs = e.get("objective", M.DECODE)
     v = v if isinstance(v, int | float) else None
     return fmt(v) if theirs == obj.name else f"{fmt(v)} ({theirs})"
 
