@@ -13,21 +13,34 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tasks.backends.base import Backend
 
-# Modules of this package that are helpers, not backends.
-_NOT_BACKENDS = frozenset({"base", "flagtable", "lifecycle"})
+_DEFINES_BACKEND = re.compile(r"^BACKEND\s*[:=]", re.MULTILINE)
 
 
 @cache
 def available_backends() -> tuple[str, ...]:
-    """The backend kinds this package provides, sorted (e.g. ``("emulated", "instant", "sglang")``)."""
-    names = (m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg)
-    return tuple(sorted(n for n in names if n not in _NOT_BACKENDS and not n.startswith("_")))
+    """The backend kinds this package provides, sorted (e.g. ``("emulated", "instant", "sglang")``).
+
+    A backend is a module of this package that defines ``BACKEND`` at top level; helpers
+    (``base``, ``lifecycle``, ``flagtable``, ...) do not. Found by reading the sources, so
+    listing never imports a backend (a broken one fails only when it is asked for).
+    """
+    here = Path(__file__).resolve().parent
+    kinds = []
+    for m in pkgutil.iter_modules([str(here)]):
+        if m.ispkg or m.name.startswith("_"):
+            continue
+        src = (here / f"{m.name}.py").read_text(encoding="utf-8", errors="replace")
+        if _DEFINES_BACKEND.search(src):
+            kinds.append(m.name)
+    return tuple(sorted(kinds))
 
 
 def get_backend(kind: str) -> Backend:
