@@ -17,7 +17,6 @@ Behaviour (see docs/emulator.md):
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import random
@@ -27,11 +26,11 @@ import sys
 import time
 import zlib
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
 from tasks.emulator.flags import LaunchArgError
+from tasks.emulator.http_api import HttpApi
 from tasks.emulator.model import LaunchConfig, Prediction, accepted_from_uniform, evaluate, parse_launch, run_factor
 from tasks.emulator.profile import profile_from_env
 
@@ -52,16 +51,6 @@ def token_id(prompt_key: int, position: int, vocab: int) -> int:
 def prompt_key(input_ids: list[int]) -> int:
     """CRC32 of the prompt token ids."""
     return zlib.crc32(",".join(map(str, input_ids)).encode())
-
-
-def text_to_ids(text: str, vocab: int) -> list[int]:
-    """Whitespace 'tokenizer': one id per word (CRC32 mod vocab); at least one token."""
-    words = text.split() or [""]
-    return [zlib.crc32(w.encode()) % vocab for w in words]
-
-
-def ids_to_text(ids: list[int]) -> str:
-    return "".join(f" w{i}" for i in ids)
 
 
 class EmulatedServer:
@@ -153,18 +142,7 @@ class EmulatedServer:
             await asyncio.sleep(dt)
 
     async def bind(self) -> None:
-        app = web.Application()
-        r = app.router
-        r.add_get("/health", self.h_health)
-        r.add_get("/health_generate", self.h_health_generate)
-        r.add_post("/generate", self.h_generate)
-        r.add_post("/v1/completions", self.h_completions)
-        r.add_get("/server_info", self.h_server_info)
-        r.add_get("/get_server_info", self.h_server_info)
-        r.add_get("/get_model_info", self.h_model_info)
-        r.add_get("/v1/models", self.h_models)
-        r.add_post("/flush_cache", self.h_flush)
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self.runner = web.AppRunner(HttpApi(self).app(), access_log=None, handle_signals=False)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.launch.host, self.launch.port, reuse_address=True)
         await site.start()
@@ -183,7 +161,7 @@ class EmulatedServer:
             cut = max((i for i, e in enumerate(events) if "Load weight begin" in e.text), default=0)
             events = events[:cut + 1]
         bind_delay = 0.0
-        for i, ev in enumerate(events):
+        for ev in events:
             await self.sleep_until(t0 + ev.t_s * self.ts)
             if self.fault == "hang_startup" and "Capture cuda graph begin" in ev.text:
                 self.log(ev.text, ev.tag)
@@ -298,138 +276,6 @@ class EmulatedServer:
                 self.last_tau = pos / max(cycles, 1)
         finally:
             self.active -= 1
-
-    # ---------------------------------------------------------------- HTTP handlers
-    async def h_health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.ready else 503)
-
-    async def h_health_generate(self, request: web.Request) -> web.Response:
-        if not self.ready:
-            return web.Response(status=503)
-        async for _ in self.generate([1], 1, bench=False):
-            pass
-        return web.Response(status=200)
-
-    def _input_ids(self, body: dict) -> list[int]:
-        ids = body.get("input_ids")
-        if ids is None:
-            ids = text_to_ids(str(body.get("text", "")), self.vocab)
-        if isinstance(ids, list) and ids and isinstance(ids[0], list):
-            ids = ids[0]
-        return [int(i) for i in ids]
-
-    async def _json_body(self, request: web.Request) -> dict:
-        try:
-            body = await request.json()
-        except Exception:
-            raise web.HTTPBadRequest(text=json.dumps({"error": "invalid JSON body"}), content_type="application/json")
-        if not isinstance(body, dict):
-            raise web.HTTPBadRequest(text=json.dumps({"error": "JSON object expected"}), content_type="application/json")
-        return body
-
-    async def h_generate(self, request: web.Request) -> web.StreamResponse:
-        if not self.ready:
-            return web.json_response({"error": "server not ready"}, status=503)
-        body = await self._json_body(request)
-        sp = body.get("sampling_params") or {}
-        max_new = int(sp.get("max_new_tokens", 128))
-        ids = self._input_ids(body)
-        rid = body.get("rid") or f"{self.req_counter + 1:032x}"
-        t0 = time.monotonic()
-        out_ids: list[int] = []
-
-        def chunk(verify_ct: int, done: bool) -> dict:
-            return {"text": ids_to_text(out_ids), "output_ids": list(out_ids),
-                    "meta_info": {"id": rid, "prompt_tokens": len(ids), "completion_tokens": len(out_ids),
-                                  "cached_tokens": 0, "spec_verify_ct": verify_ct if self.launch.speculative
-                                  else len(out_ids),
-                                  "finish_reason": {"type": "length", "length": len(out_ids)} if done else None,
-                                  "e2e_latency": time.monotonic() - t0}}
-
-        if body.get("stream"):
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await resp.prepare(request)
-            async for new, vct, done in self.generate(ids, max_new, bench=True):
-                out_ids.extend(new)
-                await resp.write(f"data: {json.dumps(chunk(vct, done))}\n\n".encode())
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-            return resp
-        vct = 0
-        done = False
-        async for new, vct, done in self.generate(ids, max_new, bench=True):
-            out_ids.extend(new)
-        return web.json_response(chunk(vct, done))
-
-    async def h_completions(self, request: web.Request) -> web.StreamResponse:
-        if not self.ready:
-            return web.json_response({"error": "server not ready"}, status=503)
-        body = await self._json_body(request)
-        prompt = body.get("prompt", "")
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-            ids = [int(i) for i in prompt]
-        else:
-            ids = text_to_ids(prompt if isinstance(prompt, str) else " ".join(map(str, prompt)), self.vocab)
-        max_new = int(body.get("max_tokens", 16))
-        model = body.get("model") or self.launch.args.get("served_model_name") or self.launch.model_path
-        cid = f"cmpl-{self.req_counter + 1:024x}"
-        created = int(time.time())
-        n_out = 0
-
-        def usage() -> dict:
-            return {"prompt_tokens": len(ids), "completion_tokens": n_out, "total_tokens": len(ids) + n_out}
-
-        if body.get("stream"):
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await resp.prepare(request)
-            async for new, _vct, done in self.generate(ids, max_new, bench=True):
-                n_out += len(new)
-                c = {"id": cid, "object": "text_completion", "created": created, "model": model,
-                     "choices": [{"index": 0, "text": ids_to_text(new), "logprobs": None,
-                                  "finish_reason": "length" if done else None}]}
-                if done:
-                    c["usage"] = usage()
-                await resp.write(f"data: {json.dumps(c)}\n\n".encode())
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-            return resp
-        toks: list[int] = []
-        async for new, _vct, _done in self.generate(ids, max_new, bench=True):
-            toks.extend(new)
-            n_out = len(toks)
-        return web.json_response({"id": cid, "object": "text_completion", "created": created, "model": model,
-                                  "choices": [{"index": 0, "text": ids_to_text(toks), "logprobs": None,
-                                               "finish_reason": "length"}], "usage": usage()})
-
-    async def h_server_info(self, request: web.Request) -> web.Response:
-        args = {k: v for k, v in self.launch.args.items()}
-        args["speculative_num_steps"] = self.pred.spec.get("num_steps", args.get("speculative_num_steps"))
-        args["speculative_eagle_topk"] = self.pred.spec.get("eagle_topk", args.get("speculative_eagle_topk"))
-        args["speculative_num_draft_tokens"] = self.pred.spec.get("num_draft_tokens",
-                                                                  args.get("speculative_num_draft_tokens"))
-        info: dict[str, Any] = dict(args)
-        info["internal_states"] = [{"avg_spec_accept_length": float(self.last_tau),
-                                    "last_gen_throughput": float(self.last_rate)}]
-        info["version"] = str(self.profile["emulator"]["sglang_version"])
-        info["emulator"] = {"fingerprint": self.profile["emulator"]["fingerprint"],
-                            "allreduce_path": self.pred.allreduce_path,
-                            "max_total_num_tokens": self.pred.memory_gib.get("kv_tokens")}
-        return web.json_response(info)
-
-    async def h_model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({"model_path": self.launch.model_path,
-                                  "tokenizer_path": self.launch.args.get("tokenizer_path") or self.launch.model_path,
-                                  "is_generation": True, "preferred_sampling_params": None,
-                                  "weight_version": "default", "has_image_understanding": False,
-                                  "has_audio_understanding": False, "model_type": "kimi_k25",
-                                  "architectures": [self.profile["model"]["emulator"].get("architecture")]})
-
-    async def h_models(self, request: web.Request) -> web.Response:
-        name = self.launch.args.get("served_model_name") or self.launch.model_path
-        return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "sglang"}]})
-
-    async def h_flush(self, request: web.Request) -> web.Response:
-        return web.Response(text="Cache flushed.\n")
 
 
 def main(argv: list[str] | None = None) -> None:
