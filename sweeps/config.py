@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sweeps.space import SearchSpace, SpaceError, parse_space
+from sweeps.objective import ObjectiveSet, check_constraints, check_directions, check_objective_names
+from sweeps.space import SearchSpace, SpaceError, any_feasible, parse_space
 from tasks.backends import available_backends
 from tasks.knobs import KNOWN_KNOBS, KnobError, render_launch
 from tasks.types import BenchSpec, Timeouts
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-OBJECTIVES = ("decode_tok_s", "output_tok_s")
 
 
 class ConfigError(ValueError):
@@ -145,8 +145,12 @@ class SweepConfig(_Model):
 
     name: str = Field(min_length=1)
     description: str = ""
-    objective: Literal["decode_tok_s", "output_tok_s"] = "decode_tok_s"
-    direction: Literal["maximize"] = "maximize"
+    #: any metric a trial logs (decode_tok_s, output_tok_s, ttft_ms_p50, itl_ms_p99, ...), or a
+    #: list of them for a multi-objective study; ``direction``: one, or one per objective.
+    objective: Annotated[str | list[str], AfterValidator(check_objective_names)] = "decode_tok_s"
+    direction: Annotated[str | list[str], AfterValidator(check_directions)] = "maximize"
+    #: constraints on other metrics, e.g. ``["ttft_ms_p99 <= 2000"]``: a trial violating one is never best
+    objective_constraints: Annotated[list[str], AfterValidator(check_constraints)] = Field(default_factory=list)
     params: dict[str, Any]
     constraints: list[dict[str, Any]] = Field(default_factory=list)
     baseline: dict[str, Any]
@@ -165,6 +169,19 @@ class SweepConfig(_Model):
         if not all(c.isalnum() or c in "-_." for c in v):
             raise ValueError("use letters, digits, '-', '_' or '.' only")
         return v
+
+    @model_validator(mode="after")
+    def _directions_fit(self) -> SweepConfig:
+        n = 1 if isinstance(self.objective, str) else len(self.objective)
+        if not isinstance(self.direction, str) and len(self.direction) != n:
+            raise ValueError(f"sweep.direction has {len(self.direction)} entries for {n} objective(s); "
+                             f"give one per objective (or a single direction)")
+        return self
+
+    @property
+    def objective_set(self) -> ObjectiveSet:
+        """The objectives (with ``objective_constraints`` on the primary one)."""
+        return ObjectiveSet.from_config(self.objective, self.direction, self.objective_constraints)
 
 
 class TrackingConfig(_Model):
@@ -230,6 +247,11 @@ class SweepSpec(_Model):
     def study(self) -> str:
         return self.study_name or self.sweep.name
 
+    @property
+    def objective_set(self) -> ObjectiveSet:
+        """What the sweep optimises (:class:`sweeps.objective.ObjectiveSet`); ``.primary`` ranks trials."""
+        return self.sweep.objective_set
+
     def bench_spec(self) -> BenchSpec:
         return BenchSpec(**self.bench.model_dump())
 
@@ -288,7 +310,9 @@ def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as e:
-        lines = [f"{_loc(x)}: {x['msg']}" + (f" (got {x['input']!r})" if x["type"] != "missing" and not isinstance(x.get("input"), (dict, list)) else "") for x in e.errors()]
+        lines = [f"{_loc(x)}: {x['msg']}" + (f" (got {x['input']!r})" if x["type"] != "missing"
+                                             and not isinstance(x.get("input"), (dict, list)) else "")
+                 for x in e.errors()]
         raise ConfigError("\n".join(lines)) from None
     problems: list[str] = []
     try:
@@ -308,7 +332,7 @@ def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
                 bad = space.violated(full)
                 if bad:
                     problems.append(f"{where}: violates constraint(s) {bad}")
-                render_launch(full, spec.node.model_dump(), spec.model.model_dump(), _backend_dict(spec))
+                render_launch(full, spec.node.model_dump(), spec.model.model_dump(), backend_dict(spec))
             except (SpaceError, KnobError) as e:
                 problems.append(f"{where}: {e}")
         problems += _check_knob_levels(spec, space)
@@ -316,7 +340,7 @@ def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
             if k not in space.names:
                 problems.append(f"sweep.seed_each_level_of: {k!r} is not a param of the space")
         try:
-            feasible = _any_feasible(space)
+            feasible = any_feasible(space)
         except SpaceError as e:
             problems.append(f"sweep.{e}")
             feasible = True
@@ -356,42 +380,12 @@ def _check_knob_levels(spec: SweepSpec, space: SearchSpace) -> list[str]:
             for level in p.choices:
                 try:
                     render_launch({**base, p.name: level}, spec.node.model_dump(), spec.model.model_dump(),
-                                  _backend_dict(spec))
+                                  backend_dict(spec))
                 except KnobError as e:
                     out.append(f"{where}.choices: level {level!r}: {e}")
     return out
 
 
-def _backend_dict(spec: SweepSpec) -> dict[str, Any]:
-    return spec.backend.model_dump()
-
-
-def _any_feasible(space: SearchSpace, samples: int = 2000) -> bool:
-    """True if some config satisfies every constraint (enumeration, then random sampling)."""
-    import random
-
-    finite = all(p.type != "float" or p.step for p in space.params)
-    if finite:
-        for _ in space.enumerate(limit=1):
-            return True
-        return False
-    rng = random.Random(0)
-    for _ in range(samples):
-        cfg: dict[str, Any] = {}
-        for p in space.params:
-            if not p.active(cfg):
-                continue
-            if p.type == "categorical":
-                cfg[p.name] = rng.choice(p.choices)
-            elif p.type == "int":
-                cfg[p.name] = rng.randint(int(p.low), int(p.high))
-            else:
-                cfg[p.name] = rng.uniform(p.low, p.high)
-        if not space.violated(cfg):
-            return True
-    return False
-
-
 def backend_dict(spec: SweepSpec) -> dict[str, Any]:
     """The backend config as a plain dict (for :func:`tasks.knobs.render_launch`); ``{python}`` is resolved on the node."""
-    return _backend_dict(spec)
+    return spec.backend.model_dump()

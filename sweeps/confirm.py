@@ -25,6 +25,8 @@ from typing import Any
 
 from sweeps import records as R
 from sweeps.executor import Executor, RayExecutor, collect
+from sweeps.objective import Objective, ObjectiveSet
+from sweeps.progress import metric_text
 from tasks.types import TrialResult, TrialSpec
 
 log = logging.getLogger("servesweep.confirm")
@@ -121,10 +123,11 @@ def _label(params: Mapping[str, Any]) -> str:
     return run_name(R.TrialRecord(number=0, state="", params=dict(params), status="ok")).split(" ", 1)[1]
 
 
-def candidates(records: list[R.TrialRecord], k: int) -> tuple[list[R.TrialRecord], R.TrialRecord | None]:
-    """(top ``k`` distinct ok configs by objective that ran the path they name, the baseline trial)."""
-    ok = sorted((r for r in records if r.status == "ok" and r.value is not None and r.duplicate_of is None
-                 and R.counts_for_level(r)), key=lambda r: -r.value)
+def candidates(records: list[R.TrialRecord], k: int, objective: Objective | ObjectiveSet | None = None,
+               ) -> tuple[list[R.TrialRecord], R.TrialRecord | None]:
+    """(top ``k`` distinct configs by ``objective`` (default decode_tok_s, maximize) among the
+    :func:`sweeps.records.rankable` trials, the baseline trial)."""
+    ok = R.ranked_records(records, objective)
     top: list[R.TrialRecord] = []
     seen: set[str] = set()
     for r in ok:
@@ -159,7 +162,8 @@ def confirm_top(driver: Any, k: int = 3, repeats: int = 5, confidence: float = 0
         there is nothing to confirm.
     """
     recs = R.load_records(driver.study)
-    top, base = candidates(recs, k)
+    obj = driver.spec.objective_set.primary
+    top, base = candidates(recs, k, obj)
     if k <= 0 or not top:
         return {}
     todo: list[tuple[R.TrialRecord, bool]] = ([(base, True)] if base is not None else []) + \
@@ -176,7 +180,7 @@ def confirm_top(driver: Any, k: int = 3, repeats: int = 5, confidence: float = 0
     if getattr(driver, "interrupted", False):
         log.warning("confirmation interrupted; nothing stored")
         return {}
-    out = summarize(todo, results, repeats, confidence, driver.spec.sweep.objective)
+    out = summarize(todo, results, repeats, confidence, obj)
     out.update(top_k=k, candidates=cand_ids, date=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
                wall_s=round(time.monotonic() - t0, 2))
     _store(driver.study, out)
@@ -240,24 +244,60 @@ def run_jobs(executor: Executor, jobs: list[tuple[int, TrialSpec, dict[str, Any]
     return results
 
 
+def _entry(r: R.TrialRecord, is_base: bool, vals: list[float], base_vals: list[float] | None,
+           runs: list[TrialResult], obj: Objective, confidence: float) -> dict[str, Any]:
+    """One config's statistics: mean and t-interval of its repeats, the speedup over the
+    baseline (``Objective.ratio`` of the means: > 1 = better) with its interval."""
+    mean, lo, hi = t_interval(vals, confidence)
+    e: dict[str, Any] = {"trial": r.number, "config": r.params, "label": _label(r.params), "is_baseline": is_base,
+                         "sweep_value": R.value_of(r, obj), "values": [round(v, 4) for v in vals], "n": len(vals),
+                         "mean": mean, "ci_low": lo, "ci_high": hi,
+                         "failures": sorted({x.failure_class or x.status for x in runs if x.status != "ok"})}
+    if base_vals:
+        sp, slo, shi = ratio_interval(vals, base_vals, confidence) if obj.maximize else \
+            ratio_interval(base_vals, vals, confidence)
+        e.update(speedup_mean=sp, speedup_ci=[slo, shi])
+    return e
+
+
+def _note(winner: dict[str, Any] | None, eligible: list[dict[str, Any]], todo: list[tuple[R.TrialRecord, bool]],
+          obj: Objective, confidence: float) -> str:
+    """The winner's sentence: overlapping intervals, a speedup indistinguishable from 1, a lucky sweep best."""
+    if winner is None:
+        return "No config passed the confirmation (all failed on re-run or changed the output)."
+    ru = eligible[1] if len(eligible) > 1 else None
+    parts = [f"Winner t{winner['trial']}: {metric_text(obj.name, winner['mean'])} mean over {winner['n']} runs."]
+    # the winner's interval reaches into the runner-up's (towards worse)
+    w_edge, r_edge = (winner["ci_low"], ru["ci_high"]) if obj.maximize and ru else \
+        ((winner["ci_high"], ru["ci_low"]) if ru else (float("nan"), float("nan")))
+    if ru is not None and math.isfinite(w_edge) and math.isfinite(r_edge) and not obj.better(w_edge, r_edge):
+        parts.append(f"Its {confidence * 100:.0f} % interval overlaps t{ru['trial']}'s "
+                     f"({metric_text(obj.name, ru['mean'])}): the two are not distinguishable at this many repeats.")
+    spci = winner.get("speedup_ci") or [float("nan")] * 2
+    if not winner["is_baseline"] and math.isfinite(spci[0]) and spci[0] <= 1.0:
+        parts.append("Its speedup interval includes 1.0: not distinguishable from the baseline.")
+    sweep_best = obj.best([r for r, _ in todo], lambda r: R.value_of(r, obj)) or todo[0][0]
+    if sweep_best.number != winner["trial"]:
+        parts.append(f"The sweep's single best measurement (t{sweep_best.number}, "
+                     f"{metric_text(obj.name, R.value_of(sweep_best, obj))}) did not hold up under repeats.")
+    return " ".join(parts)
+
+
 def summarize(todo: list[tuple[R.TrialRecord, bool]], results: Mapping[int, list[TrialResult]], repeats: int,
-              confidence: float, objective: str = "decode_tok_s") -> dict[str, Any]:
-    """Statistics, token comparison, verdicts and the winner (pure; see :func:`confirm_top`)."""
+              confidence: float, objective: Objective | str = "decode_tok_s") -> dict[str, Any]:
+    """Statistics, token comparison, verdicts and the winner (pure; see :func:`confirm_top`).
+
+    ``objective``: what the repeats measure and rank by (a metric name means maximise it).
+    """
+    obj = Objective(objective) if isinstance(objective, str) else objective
     base_idx = next((i for i, (_, b) in enumerate(todo) if b), None)
-    ok_vals = {i: [float(x.metrics[objective]) for x in rs if x.status == "ok" and objective in x.metrics
-                   and math.isfinite(float(x.metrics[objective]))] for i, rs in results.items()}
+    ok_vals = {i: [v for x in rs if x.status == "ok" and (v := obj.value(x.metrics)) is not None]
+               for i, rs in results.items()}
     outs = {i: [_outputs(x) for x in rs if x.status == "ok"] for i, rs in results.items()}
+    base_vals = ok_vals.get(base_idx) if base_idx is not None else None
     entries: list[dict[str, Any]] = []
     for i, (r, is_base) in enumerate(todo):
-        vals = ok_vals.get(i, [])
-        mean, lo, hi = t_interval(vals, confidence)
-        e: dict[str, Any] = {"trial": r.number, "config": r.params, "label": _label(r.params), "is_baseline": is_base,
-                             "sweep_value": r.value, "values": [round(v, 4) for v in vals], "n": len(vals),
-                             "mean": mean, "ci_low": lo, "ci_high": hi,
-                             "failures": sorted({x.failure_class or x.status for x in results.get(i, []) if x.status != "ok"})}
-        if base_idx is not None and ok_vals.get(base_idx):
-            sp, slo, shi = ratio_interval(vals, ok_vals[base_idx], confidence)
-            e.update(speedup_mean=sp, speedup_ci=[slo, shi])
+        e = _entry(r, is_base, ok_vals.get(i, []), base_vals, results.get(i, []), obj, confidence)
         if is_base:
             e["tokens_match"], e["mismatch_detail"] = None, "reference"
         elif base_idx is None or not outs.get(base_idx):
@@ -265,8 +305,8 @@ def summarize(todo: list[tuple[R.TrialRecord, bool]], results: Mapping[int, list
         else:
             e["tokens_match"], e["mismatch_detail"] = compare_tokens(outs[base_idx], outs.get(i, []))
         entries.append(e)
-    eligible = [e for e in entries if e["n"] >= 1 and e["tokens_match"] is not False and math.isfinite(e["mean"])]
-    eligible.sort(key=lambda e: -e["mean"])
+    eligible = obj.ranked([e for e in entries if e["n"] >= 1 and e["tokens_match"] is not False
+                           and math.isfinite(e["mean"])], lambda e: e["mean"])
     winner = eligible[0] if eligible else None
     for e in entries:
         if e["tokens_match"] is False:
@@ -277,27 +317,10 @@ def summarize(todo: list[tuple[R.TrialRecord, bool]], results: Mapping[int, list
             e["verdict"] = "winner"
         else:
             e["verdict"] = f"#{eligible.index(e) + 1}" if e in eligible else ""
-    note = ""
-    if winner is None:
-        note = "No config passed the confirmation (all failed on re-run or changed the output)."
-    else:
-        ru = eligible[1] if len(eligible) > 1 else None
-        parts = [f"Winner t{winner['trial']}: {winner['mean']:.1f} tok/s mean over {winner['n']} runs."]
-        if ru is not None and math.isfinite(winner["ci_low"]) and math.isfinite(ru["ci_high"]) \
-                and winner["ci_low"] <= ru["ci_high"]:
-            parts.append(f"Its {confidence * 100:.0f} % interval overlaps t{ru['trial']}'s "
-                         f"({ru['mean']:.1f} tok/s): the two are not distinguishable at this many repeats.")
-        spci = winner.get("speedup_ci") or [float("nan")] * 2
-        if not winner["is_baseline"] and math.isfinite(spci[0]) and spci[0] <= 1.0:
-            parts.append("Its speedup interval includes 1.0: not distinguishable from the baseline.")
-        sweep_best = max(todo, key=lambda t: t[0].value or 0)[0]
-        if sweep_best.number != winner["trial"]:
-            parts.append(f"The sweep's single best measurement (t{sweep_best.number}, {sweep_best.value:.1f} tok/s) "
-                         "did not hold up under repeats.")
-        note = " ".join(parts)
     return {"repeats": repeats, "confidence": confidence,
             "baseline_trial": todo[base_idx][0].number if base_idx is not None else None,
-            "entries": entries, "winner": winner["trial"] if winner else None, "winner_note": note}
+            "entries": entries, "winner": winner["trial"] if winner else None,
+            "winner_note": _note(winner, eligible, todo, obj, confidence)}
 
 
 def _store(study: Any, out: dict[str, Any]) -> None:

@@ -67,6 +67,7 @@ class Driver:
         self.spec = spec
         self.space: SearchSpace = spec.space
         self.study_name = study_name or spec.study
+        self.objectives = spec.objective_set
         self.profile = emulator_profile(spec)
         self.backend = backend_dict(spec)
         self.inflight: dict[Any, InFlight] = {}
@@ -267,15 +268,18 @@ class Driver:
         self._record(f, res)
 
     def _metrics(self, f: InFlight, res: TrialResult) -> dict[str, float]:
-        """The trial's metrics plus ``speedup_vs_baseline``; tags a speculative config that is slower."""
+        """The trial's metrics plus ``speedup_vs_baseline`` (the objective's ratio to the
+        baseline's, > 1 = better); tags a speculative config that is not better."""
         metrics = dict(res.metrics)
         if res.status != "ok":
             return metrics
-        base = R.baseline_value(R.load_records(self.study))
+        obj = self.objectives.primary
+        base = R.baseline_value(R.load_records(self.study), obj)
         if bool(f.trial.user_attrs.get(R.A_BASELINE)) and base is None:
-            base = metrics.get("decode_tok_s")
-        if base:
-            metrics["speedup_vs_baseline"] = metrics["decode_tok_s"] / base
+            base = obj.value(metrics)
+        v = obj.value(metrics)
+        if base and v:
+            metrics["speedup_vs_baseline"] = obj.ratio(v, base)
             if f.params.get("speculative") not in (None, "none") and metrics["speedup_vs_baseline"] < 1.0:
                 res.perf_tags = sorted(set(res.perf_tags) | {"spec_decode_no_speedup"})
         return metrics
@@ -298,7 +302,7 @@ class Driver:
             with guard(f"store {k} for trial {t.number}"):
                 t.set_user_attr(k, v)
         verdict = S.verdict_for(res.status, failure_kind=res.failure_kind, metrics=metrics,
-                                objective=self.spec.sweep.objective,
+                                objectives=self.objectives,
                                 degraded=R.DEGRADED in res.perf_tags and f.params.get("allreduce") not in (None, "nccl"))
         if res.status == "failed" and verdict is S.INFEASIBLE:
             self._learn(t.number, f.params, res, retried=f.attempt > 1)
@@ -365,10 +369,10 @@ class Driver:
         """Confirm the winner, publish the last state, print the summary; returns the best record."""
         conf = self._confirm()
         recs = R.load_records(self.study)
-        best = R.best_record(recs)
+        best = R.best_record(recs, self.objectives)
         if conf.get("winner") is not None:  # the confirmed winner, not the luckiest single run
             best = next((r for r in recs if r.number == conf["winner"]), best)
-        base = R.baseline_value(recs)
+        base = R.baseline_value(recs, self.objectives)
         self.publisher.final(self.study, recs, best, base, self.stop_reason, self.interrupted)
         self.publisher.write_findings(self.study, recs, self.fingerprint, self.rules)
         self.publisher.summary(recs, best, base, self.stop_reason, conf)

@@ -209,3 +209,38 @@ class ObjectiveSet:
         cons = tuple(MetricConstraint.parse(c) for c in constraints)
         objs = [Objective(n, d, cons if i == 0 else ()) for i, (n, d) in enumerate(zip(ns, ds))]  # type: ignore[arg-type]
         return cls(tuple(objs))
+
+
+def check_objective_names(v: str | list[str]) -> str | list[str]:
+    """Validate ``sweep.objective``: a metric name (letters, digits, ``_``) or a non-empty list.
+
+    Raises:
+        ValueError: an empty or malformed name.
+    """
+    names = [v] if isinstance(v, str) else v
+    if not names or not all(n and n.replace("_", "").isalnum() for n in names):
+        raise ValueError("name a metric a trial logs (e.g. decode_tok_s, output_tok_s, ttft_ms_p50), or a list")
+    return v
+
+
+def check_directions(v: str | list[str]) -> str | list[str]:
+    """Validate ``sweep.direction``: ``maximize``/``minimize``, or a list of them.
+
+    Raises:
+        ValueError: another word.
+    """
+    for d in [v] if isinstance(v, str) else v:
+        if d not in ("maximize", "minimize"):
+            raise ValueError(f"{d!r} is not maximize or minimize")
+    return v
+
+
+def check_constraints(v: list[str]) -> list[str]:
+    """Validate ``sweep.objective_constraints`` (each parses as a :class:`MetricConstraint`).
+
+    Raises:
+        ValueError: names the constraint that does not parse and the expected form.
+    """
+    for c in v:
+        MetricConstraint.parse(c)
+    return v

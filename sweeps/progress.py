@@ -11,19 +11,28 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from sweeps.records import TrialRecord, counts_for_level, load_records
+from sweeps.objective import Objective
+from sweeps.records import DEFAULT_OBJECTIVE, TrialRecord, load_records, ranked_records, value_of
 from sweeps.tracking import run_name
+
+
+def metric_text(name: str, v: float | None) -> str:
+    """``87.6 tok/s`` for a throughput metric, ``82.0 ttft_ms_p50`` for any other."""
+    val = float("nan") if v is None else v
+    return f"{val:.1f} tok/s" if name.endswith("tok_s") else f"{val:.1f} {name}"
 
 
 class Progress:
     """Prints each finished trial and, every refresh, a status line: launched / running /
-    failed / skipped, best tok/s so far and an ETA from the mean launched-trial time."""
+    failed / skipped, the best objective so far and an ETA from the mean launched-trial time."""
 
-    def __init__(self, study_name: str, budget_trials: int | None, console: Console | None = None):
+    def __init__(self, study_name: str, budget_trials: int | None, console: Console | None = None,
+                 objective: Objective = DEFAULT_OBJECTIVE):
         # no TTY (CI, a log file): rich would wrap at 80 columns mid-phrase
         self.console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 200)
         self.study_name = study_name
         self.budget = budget_trials
+        self.objective = objective
         self._last_status = 0.0
 
     def event(self, line: str) -> None:
@@ -33,15 +42,15 @@ class Progress:
         launched = [r for r in recs if r.launched]
         failed = sum(r.status in ("failed", "infra_error") for r in recs)
         skipped = sum(r.status in ("skipped", "infeasible") for r in recs)
-        ok = [r.value for r in recs if r.status == "ok" and r.value is not None and counts_for_level(r)]
-        best = max(ok) if ok else None
+        ranked = ranked_records(recs, self.objective)
+        best = value_of(ranked[0], self.objective) if ranked else None
         elapsed = time.monotonic() - t_start
         eta = ""
         if self.budget and launched:
             left = max(0, self.budget - len(launched))
             eta = f", ETA {left * elapsed / max(1, len(launched)):.0f} s"
         return (f"[{self.study_name}] launched {len(launched)}/{self.budget or '-'}, running {running}, "
-                f"failed {failed}, skipped {skipped}, best {best:.1f} tok/s" if best else
+                f"failed {failed}, skipped {skipped}, best {metric_text(self.objective.name, best)}" if best is not None else
                 f"[{self.study_name}] launched {len(launched)}/{self.budget or '-'}, running {running}, "
                 f"failed {failed}, skipped {skipped}") + eta
 
@@ -60,15 +69,16 @@ class Progress:
             c.print(escape(f"stopped: {stop_reason}"))
             if stop_reason.startswith("trial budget spent"):
                 c.print("(to continue this study, run the same command with a larger sweep.budget.trials=N)")
-        ok = sorted((r for r in recs if r.status == "ok" and r.value is not None and r.duplicate_of is None
-                     and counts_for_level(r)),  # a silently degraded level is not listed as that level
-                    key=lambda r: -r.value)
-        t = Table(title="best configurations (decode tok/s, batch 1)")
-        for col in ("trial", "tok/s", "speedup", "TTFT ms", "ITL p50 ms", "accept len", "config"):
+        obj = self.objective
+        ok = ranked_records(recs, obj)  # a silently degraded level is not listed as that level
+        unit = "tok/s" if obj.name == "decode_tok_s" else obj.name
+        t = Table(title="best configurations (decode tok/s, batch 1)" if obj.name == "decode_tok_s"
+                  else f"best configurations ({obj.label})")
+        for col in ("trial", unit, "speedup", "TTFT ms", "ITL p50 ms", "accept len", "config"):
             t.add_column(col)
         for r in ok[:8]:
             sp = r.metrics.get("speedup_vs_baseline")
-            t.add_row(str(r.number), f"{r.value:.1f}", f"{sp:.2f}x" if sp else "-",
+            t.add_row(str(r.number), f"{value_of(r, obj):.1f}", f"{sp:.2f}x" if sp else "-",
                       f"{r.metrics.get('ttft_ms_p50', float('nan')):.0f}", f"{r.metrics.get('itl_ms_p50', float('nan')):.1f}",
                       f"{r.metrics.get('accept_length', 1.0):.2f}",
                       escape(run_name(r).split(" ", 1)[-1] + (" [baseline]" if r.is_baseline else "")))
@@ -88,20 +98,22 @@ class Progress:
         gpu_h = sum(r.timings.get("gpu_s", 0.0) for r in recs) / 3600
         c.print(f"{launched} trials launched, {len(recs) - launched} answered without GPU time, {gpu_h:.3f} GPU-hours.")
         if baseline:
-            c.print(f"baseline: {baseline:.1f} tok/s")
+            c.print(f"baseline: {metric_text(obj.name, baseline)}")
         entry = next((e for e in (confirmation or {}).get("entries", [])
                       if best is not None and e.get("trial") == best.number and e.get("mean") is not None), None)
         if best is not None and entry is not None:
             sp = entry.get("speedup_ci") or [None, None]
-            c.print(escape(f"best (confirmed over {entry.get('n')} repeats): trial {best.number}, {entry['mean']:.1f} tok/s "
+            c.print(escape(f"best (confirmed over {entry.get('n')} repeats): trial {best.number}, "
+                           f"{metric_text(obj.name, entry['mean'])} "
                            f"[{confirmation.get('confidence', 0.95):.0%} CI {entry['ci_low']:.1f}-{entry['ci_high']:.1f}]"
                            + (f", {entry['speedup_mean']:.2f}x baseline [{sp[0]:.2f}-{sp[1]:.2f}]"
                               if entry.get("speedup_mean") and None not in sp else "")))
             if confirmation.get("winner_note"):
                 c.print(escape(str(confirmation["winner_note"])))
         elif best is not None:
-            c.print(f"best: trial {best.number}, {best.value:.1f} tok/s (one measurement)"
-                    + (f" ({best.value / baseline:.2f}x baseline)" if baseline else ""))
+            bv = value_of(best, obj)
+            c.print(f"best: trial {best.number}, {metric_text(obj.name, bv)} (one measurement)"
+                    + (f" ({obj.ratio(bv, baseline):.2f}x baseline)" if baseline and bv else ""))
             c.print("launch command:")
             c.print(best.launch_command, markup=False, soft_wrap=True)
         if findings.exists():

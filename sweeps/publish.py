@@ -17,7 +17,7 @@ import optuna
 
 from sweeps import records as R
 from sweeps.config import SweepSpec
-from sweeps.progress import Progress
+from sweeps.progress import Progress, metric_text
 from tasks.redact import redact_argv
 from tasks.types import TrialResult, TrialSpec
 
@@ -48,7 +48,8 @@ class Publisher:
     def __init__(self, spec: SweepSpec, study_name: str, *, track: bool = True, findings: bool = True,
                  quiet: bool = False):
         self.spec, self.study_name, self.track, self.findings = spec, study_name, track, findings
-        self.progress = Progress(study_name, spec.sweep.budget.trials)
+        self.objectives = spec.objective_set
+        self.progress = Progress(study_name, spec.sweep.budget.trials, objective=self.objectives.primary)
         if quiet:
             self.progress.event = lambda line: None  # type: ignore[method-assign]
             self.progress.refresh = lambda *a, **k: None  # type: ignore[method-assign]
@@ -71,9 +72,12 @@ class Publisher:
 
             sp = self.spec
             self.tracker = Tracker(sp.mlflow_uri, sp.sweep.name, sp.artifact_location)
+            self.tracker.metric_keys |= {*self.objectives.names,
+                                         *(c.metric for o in self.objectives.objectives for c in o.constraints)}
             self.tracker.open_parent(study, sp.sweep.description or sp.sweep.name,
                                      {"sweep": sp.sweep.name, "node": sp.node.name, "model": sp.model.name,
-                                      "backend": sp.backend.kind, "objective": sp.sweep.objective})
+                                      "backend": sp.backend.kind, "objective": ",".join(self.objectives.names),
+                                      "direction": ",".join(self.objectives.directions)})
         except Exception as e:  # noqa: BLE001 - MLflow down: the sweep goes on, sync catches up later
             log.warning("MLflow unavailable (%s); trials will be synced when it is back", e)
             self.tracker = None
@@ -120,7 +124,8 @@ class Publisher:
                                       perf_tags=res.perf_tags))
         if res.status == "ok":
             sp = metrics.get("speedup_vs_baseline")
-            line = (f"{name}: {metrics.get('decode_tok_s', float('nan')):.1f} tok/s"
+            obj = self.objectives.primary
+            line = (f"{name}: {metric_text(obj.name, metrics.get(obj.name))}"
                     + (f" ({sp:.2f}x baseline)" if sp else "")
                     + (f" [{', '.join(res.perf_tags)}]" if res.perf_tags else ""))
         else:
@@ -166,9 +171,10 @@ class Publisher:
                 if best_run:
                     tags["best_run"] = best_run
             self.tracker.set_parent_tags(tags)
-            self.tracker.log_parent_metrics({"best_decode_tok_s": best.value if best else None,
-                                             "baseline_decode_tok_s": base,
-                                             "best_speedup_vs_baseline": (best.value / base) if best and base else None})
+            obj = self.objectives.primary
+            bv = R.value_of(best, obj) if best is not None else None
+            self.tracker.log_parent_metrics({f"best_{obj.name}": bv, f"baseline_{obj.name}": base,
+                                             "best_speedup_vs_baseline": obj.ratio(bv, base) if bv and base else None})
             self.log_parent_artifacts(study)
             self.tracker.close_parent("KILLED" if interrupted else "FINISHED")
 

@@ -119,12 +119,13 @@ def _load_source(spec: SweepSpec, source: str) -> optuna.Study:
                          f"{', '.join(sorted(names)) or '(none)'}") from None
 
 
-def collect_dead_ends(source_study: optuna.Study, rules: Any) -> list[DeadEnd]:
+def collect_dead_ends(source_study: optuna.Study, rules: Any, objective: Any = None) -> list[DeadEnd]:
     """The distinct dead ends and canaries of ``source_study`` (see the module docstring).
 
     Args:
         source_study: the earlier sweep's study.
         rules: a :class:`sweeps.rules.RuleStore` (the table the sweep learned into).
+        objective: what "best" means for the best canary (default decode_tok_s, maximize).
     Returns:
         Dead ends (kind ``rule`` then ``degraded``) then canaries; one per distinct
         (kind, class, knobs); rules with the same class and knobs on several fingerprints
@@ -171,7 +172,7 @@ def collect_dead_ends(source_study: optuna.Study, rules: Any) -> list[DeadEnd]:
                         label=f"allreduce={level}"))
     record_list = list(recs.values())
     base = next((r for r in sorted(record_list, key=lambda r: r.number) if r.is_baseline and r.status == "ok"), None)
-    best = R.best_record(record_list)
+    best = R.best_record(record_list, objective)
     for label, r in (("baseline", base), ("best", best)):
         if r is None:
             continue
@@ -240,7 +241,7 @@ class RecheckDriver(Driver):
         src = _load_source(self.spec, source)
         self.study.set_user_attr(SOURCE_ATTR, source)
         here = fingerprint_hash(self.fingerprint) if self.fingerprint else None
-        all_ends = collect_dead_ends(src, self.rules)
+        all_ends = collect_dead_ends(src, self.rules, self.objectives)
         self.not_rerun = [d for d in all_ends if here is not None and d.fingerprint_hash == here]
         self.dead_ends = [d for d in all_ends if d not in self.not_rerun]
         dists = {t.number: t.distributions for t in src.get_trials(deepcopy=False)}
@@ -299,5 +300,6 @@ def run_recheck(spec: SweepSpec) -> float | None:
     print(f"report: {drv.spec.findings_path}")
     if drv.interrupted:
         sys.exit(EXIT_INTERRUPTED)
-    vals = [o.value for o in outs if o.value is not None]
-    return max(vals) if vals else None
+    obj = spec.objective_set.primary
+    best = obj.best([o for o in outs if o.value is not None], lambda o: o.value)
+    return best.value if best else None

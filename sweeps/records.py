@@ -15,6 +15,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from sweeps.objective import Objective, ObjectiveSet
+
+#: what an objective-less call ranks by (the default sweep objective)
+DEFAULT_OBJECTIVE = Objective("decode_tok_s", "maximize")
+
 # user_attrs keys written by the driver
 A_STATUS = "status"  # ok | failed | infra_error | skipped | interrupted | infeasible
 A_METRICS = "metrics"
@@ -83,7 +88,29 @@ class TrialRecord:
 
     @property
     def value(self) -> float | None:
-        return self.metrics.get("decode_tok_s") if self.status == "ok" else None
+        """``decode_tok_s`` of an ok trial; use :func:`value_of` for the sweep's objective."""
+        return value_of(self)
+
+
+def _obj(objective: Objective | ObjectiveSet | None) -> Objective:
+    if objective is None:
+        return DEFAULT_OBJECTIVE
+    return objective.primary if isinstance(objective, ObjectiveSet) else objective
+
+
+def value_of(r: TrialRecord, objective: Objective | ObjectiveSet | None = None) -> float | None:
+    """The objective's value of an ok trial (None when not ok or the metric is missing/non-finite).
+
+    ``objective`` defaults to ``decode_tok_s`` (maximize); an ObjectiveSet means its primary.
+    """
+    return _obj(objective).value(r.metrics) if r.status == "ok" else None
+
+
+def feasible(r: TrialRecord, objective: Objective | ObjectiveSet | None = None) -> bool:
+    """True when the trial meets every objective constraint (e.g. ``ttft_ms_p99 <= 2000``)."""
+    if isinstance(objective, ObjectiveSet):
+        return objective.feasible(r.metrics)
+    return _obj(objective).feasible(r.metrics)
 
 
 def record_from_trial(t: FrozenTrial) -> TrialRecord:
@@ -125,9 +152,9 @@ def trial_dir(store_dir: Path, study_name: str, number: int) -> Path:
     return store_dir / "trials" / study_name / f"{number:05d}"
 
 
-def baseline_value(records: list[TrialRecord]) -> float | None:
+def baseline_value(records: list[TrialRecord], objective: Objective | ObjectiveSet | None = None) -> float | None:
     """The baseline's objective measured in this study (median of its ok runs), or None."""
-    vals = sorted(r.metrics["decode_tok_s"] for r in records if r.is_baseline and r.status == "ok" and "decode_tok_s" in r.metrics)
+    vals = sorted(v for r in records if r.is_baseline and (v := value_of(r, objective)) is not None)
     if not vals:
         return None
     return vals[len(vals) // 2]
@@ -142,8 +169,19 @@ def counts_for_level(r: TrialRecord) -> bool:
     return DEGRADED not in r.perf_tags
 
 
-def best_record(records: list[TrialRecord]) -> TrialRecord | None:
-    """The ok, launched trial with the highest objective that ran the path it names, or None."""
-    ok = [r for r in records if r.status == "ok" and r.value is not None and r.duplicate_of is None
-          and counts_for_level(r)]
-    return max(ok, key=lambda r: r.value) if ok else None
+def rankable(r: TrialRecord, objective: Objective | ObjectiveSet | None = None) -> bool:
+    """An ok, launched trial with an objective value, on the path it names, meeting the constraints."""
+    return (value_of(r, objective) is not None and r.duplicate_of is None and counts_for_level(r)
+            and feasible(r, objective))
+
+
+def ranked_records(records: list[TrialRecord], objective: Objective | ObjectiveSet | None = None) -> list[TrialRecord]:
+    """The :func:`rankable` trials, best objective first (ties: lower trial number first)."""
+    obj = _obj(objective)
+    return obj.ranked([r for r in records if rankable(r, objective)], lambda r: value_of(r, obj))
+
+
+def best_record(records: list[TrialRecord], objective: Objective | ObjectiveSet | None = None) -> TrialRecord | None:
+    """The :func:`rankable` trial with the best objective (default ``decode_tok_s``, maximize), or None."""
+    ranked = ranked_records(records, objective)
+    return ranked[0] if ranked else None

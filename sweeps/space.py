@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -372,3 +373,27 @@ def seed_configs(space: SearchSpace, baseline: Mapping[str, Any], seed_trials: I
             seen.add(key)
             uniq.append(c)
     return uniq
+
+
+def any_feasible(space: SearchSpace, samples: int = 2000) -> bool:
+    """True if some config satisfies every constraint (enumeration, then random sampling)."""
+    finite = all(p.type != "float" or p.step for p in space.params)
+    if finite:
+        for _ in space.enumerate(limit=1):
+            return True
+        return False
+    rng = random.Random(0)
+    for _ in range(samples):
+        cfg: dict[str, Any] = {}
+        for p in space.params:
+            if not p.active(cfg):
+                continue
+            if p.type == "categorical":
+                cfg[p.name] = rng.choice(p.choices)
+            elif p.type == "int":
+                cfg[p.name] = rng.randint(int(p.low), int(p.high))
+            else:
+                cfg[p.name] = rng.uniform(p.low, p.high)
+        if not space.violated(cfg):
+            return True
+    return False

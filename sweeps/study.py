@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from sweeps import records as R
 from sweeps.config import SweepSpec
+from sweeps.objective import ObjectiveSet
 from sweeps.space import SearchSpace, seed_configs
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -67,8 +68,9 @@ def open_study(spec: SweepSpec, name: str | None = None) -> optuna.Study:
         SweepError: the existing study was created with a different search space.
     """
     name = name or spec.study
+    objs = spec.objective_set
     study = optuna.create_study(study_name=name, storage=_storage(spec), sampler=make_sampler(spec),
-                                direction="maximize", load_if_exists=True)
+                                directions=objs.directions, load_if_exists=True)
     sig = space_signature(spec)
     old = study.user_attrs.get(SPACE_ATTR)
     if old is None:
@@ -170,8 +172,11 @@ UNINFORMATIVE = Verdict(TrialState.PRUNED, constraint=0.0)
 IGNORED = Verdict(TrialState.FAIL)
 
 
+DEFAULT_OBJECTIVES = ObjectiveSet.from_config("decode_tok_s")
+
+
 def verdict_for(status: str, *, failure_kind: str | None = None, metrics: Mapping[str, float] | None = None,
-                objective: str = "decode_tok_s", degraded: bool = False,
+                objectives: ObjectiveSet = DEFAULT_OBJECTIVES, degraded: bool = False,
                 source: FrozenTrial | None = None) -> Verdict:
     """The one place that maps a trial's outcome to an Optuna state, values and constraint.
 
@@ -181,17 +186,19 @@ def verdict_for(status: str, *, failure_kind: str | None = None, metrics: Mappin
             constraint, a failure rule, a degraded level), ``duplicate`` (of ``source``; a
             still-running source is None), or anything else (infra errors, interruptions:
             not the config's fault).
-        metrics: the trial's metrics (``ok``).  objective: the metric told to Optuna.
+        metrics: the trial's metrics (``ok``).  objectives: what Optuna is told (one value each).
         degraded: the server silently ran another path than the config names.
     Returns:
-        COMPLETE with the value for a finite measured objective on the path named; PRUNED
+        COMPLETE with the values of finite measured objectives on the path named (its
+        constraint value is the objective constraints' violation: > 0 = never best); PRUNED
         + infeasible for what the sampler must avoid; FAIL (teach nothing) otherwise.
     """
     if status == "ok":
-        v = (metrics or {}).get(objective)
-        if v is None or not _finite(v):
+        vals = objectives.values(metrics or {})
+        if vals is None:
             return IGNORED
-        return INFEASIBLE if degraded else Verdict(TrialState.COMPLETE, (float(v),), 0.0)
+        return INFEASIBLE if degraded else Verdict(TrialState.COMPLETE, tuple(vals),
+                                                   float(objectives.violation(metrics or {})))
     if status == "failed":
         return INFEASIBLE if failure_kind in ("deterministic", "transient") else IGNORED
     if status == "skipped":
@@ -200,18 +207,13 @@ def verdict_for(status: str, *, failure_kind: str | None = None, metrics: Mappin
         if source is None:
             return UNINFORMATIVE  # the original is still running: let the sampler move on
         if source.state == TrialState.COMPLETE and source.values:
-            return Verdict(TrialState.COMPLETE, tuple(source.values), None)
+            # a copy of a constraint-violating trial violates too; otherwise the copy sets none
+            c = max((source.constraints or {}).values(), default=0.0)
+            return Verdict(TrialState.COMPLETE, tuple(source.values), c if c > 0 else None)
         if source.state == TrialState.PRUNED:
             return INFEASIBLE
         return UNINFORMATIVE
     return IGNORED
-
-
-def _finite(v: Any) -> bool:
-    try:
-        return bool(v == v and abs(float(v)) != float("inf"))
-    except (TypeError, ValueError):
-        return False
 
 
 def tell(study: optuna.Study, trial: Trial | int, verdict: Verdict) -> None:

@@ -113,6 +113,8 @@ class Tracker:
             for k, v in HTTP_ENV.items():
                 os.environ.setdefault(k, v)
         self._retry_at = 0.0  # monotonic s: no sync attempt before this after a failure
+        #: metrics logged on child runs; the sweep adds its objective and constrained metrics
+        self.metric_keys: set[str] = set(METRIC_KEYS)
         exp = retry(lambda: self.client.get_experiment_by_name(experiment), "get experiment")
         if exp is None:
             self.experiment_id = retry(
@@ -190,7 +192,7 @@ class Tracker:
             token = None
             while True:
                 page = retry(
-                    lambda: self.client.search_runs(
+                    lambda token=token: self.client.search_runs(
                         [self.experiment_id],
                         filter_string=f"tags.`mlflow.parentRunId` = '{self.parent_run_id}'",
                         max_results=1000,
@@ -205,7 +207,7 @@ class Tracker:
                     if run.info.status in ("FINISHED", "FAILED", "KILLED"):
                         keys.add(key)
                     else:  # half-written by a crashed driver: drop it, it is rewritten below
-                        retry(lambda: self.client.delete_run(run.info.run_id), "delete partial run")
+                        retry(lambda run=run: self.client.delete_run(run.info.run_id), "delete partial run")
                 token = page.token
                 if not token:
                     break
@@ -274,7 +276,7 @@ class Tracker:
         )
         rid = run.info.run_id
         now = int(time.time() * 1000)
-        metrics = {k: v for k, v in r.metrics.items() if k in METRIC_KEYS}
+        metrics = {k: v for k, v in r.metrics.items() if k in self.metric_keys}
         metrics.update({k: v for k, v in r.timings.items() if k in ("startup_s", "bench_s", "gpu_s", "wall_s")})
         ms = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
         ps = [Param(k, str(v)) for k, v in r.params.items()]

@@ -1,0 +1,162 @@
+"""The sweep objective is wired everywhere: Optuna's direction, the records' ranking, the
+speedup, confirmation, the summary and the MLflow parent's ``best_run`` all follow
+``sweep.objective`` / ``sweep.direction`` / ``sweep.objective_constraints``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+
+from sweeps import records as R
+from sweeps import study as S
+from sweeps.config import ConfigError, load_spec
+from sweeps.confirm import candidates, summarize
+from sweeps.inprocess import run_in_process
+from sweeps.objective import Objective, ObjectiveSet
+from tasks.types import TrialResult
+from tests.conftest import REPO, compose_cfg
+
+FAST = ["backend=instant", "sweep=smoke", "sweep.budget.trials=8", "sweep.confirm.top_k=0",
+        "sweep.budget.wall_time_s=null"]
+
+
+def _spec(tmp_path, extra):
+    store = tmp_path / "store"
+    return load_spec(compose_cfg([*FAST, *extra, f"tracking.store_dir={store}",
+                                  f"tracking.findings_dir={store / 'findings'}"]))
+
+
+def _children(spec, experiment: str):
+    c = MlflowClient(spec.mlflow_uri)
+    exp = c.get_experiment_by_name(experiment)
+    runs = c.search_runs([exp.experiment_id], max_results=1000)
+    parent = next(r for r in runs if r.data.tags.get("servesweep.role") == "study")
+    kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    return parent, kids
+
+
+def _eligible(kids, metric):
+    """Launched, ok, non-degraded, non-duplicate children that logged ``metric``."""
+    return [r for r in kids if r.data.tags.get("status") == "ok" and not r.data.tags.get("duplicate_of")
+            and "allreduce_path_degraded" not in r.data.tags.get("perf_tags", "") and metric in r.data.metrics]
+
+
+@pytest.mark.parametrize("metric,direction", [("decode_tok_s", "maximize"), ("output_tok_s", "minimize"),
+                                              ("ttft_ms_p50", "minimize"), ("itl_ms_p50", "maximize")])
+def test_best_run_follows_objective_and_direction(tmp_path, metric, direction):
+    spec = _spec(tmp_path, [f"sweep.objective={metric}", f"sweep.direction={direction}"])
+    drv = run_in_process(spec, track=True)
+    assert drv.study.direction.name == direction.upper()
+    # Optuna was told the objective's metric, nothing else
+    for t in drv.study.get_trials(states=(TrialState.COMPLETE,)):
+        assert t.value == pytest.approx(t.user_attrs["metrics"][metric])
+    parent, kids = _children(spec, "smoke")
+    ok = _eligible(kids, metric)
+    assert len(ok) >= 3
+    pick = min if direction == "minimize" else max
+    want = pick(ok, key=lambda r: r.data.metrics[metric])
+    assert parent.data.tags["best_run"] == want.info.run_id
+    assert parent.data.metrics[f"best_{metric}"] == pytest.approx(want.data.metrics[metric])
+    # the speedup is the objective's improvement ratio (> 1 = better in the chosen direction)
+    recs = R.load_records(drv.study)
+    base = R.baseline_value(recs, spec.objective_set)
+    for r in recs:
+        v = R.value_of(r, spec.objective_set)
+        if v is not None and base and "speedup_vs_baseline" in r.metrics:
+            exp = v / base if direction == "maximize" else base / v
+            assert r.metrics["speedup_vs_baseline"] == pytest.approx(exp)
+    assert R.best_record(recs, spec.objective_set).number == int(parent.data.tags["best_trial"])
+
+
+def test_cli_minimize_output_tok_s_names_the_slowest_child(tmp_path):
+    """The issue's command (with a smaller budget): ranked and reported by the lowest output_tok_s."""
+    store = tmp_path / "store"
+    args = ["backend=instant", "sweep.objective=output_tok_s", "sweep.direction=minimize", "sweep.confirm.top_k=0",
+            "sweep.budget.trials=10", f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]
+    r = subprocess.run([sys.executable, str(REPO / "run_sweep.py"), *args], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    spec = load_spec(compose_cfg(args))
+    parent, kids = _children(spec, spec.sweep.name)
+    ok = _eligible(kids, "output_tok_s")
+    want = min(ok, key=lambda k: k.data.metrics["output_tok_s"])
+    assert max(ok, key=lambda k: k.data.metrics["output_tok_s"]).info.run_id != want.info.run_id
+    assert parent.data.tags["best_run"] == want.info.run_id
+    assert "best_output_tok_s" in parent.data.metrics
+    assert f"best: trial {parent.data.tags['best_trial']}," in r.stdout
+
+
+def test_constraint_violators_are_never_best_and_told_infeasible(tmp_path):
+    # a bound between the trials' TTFTs: some trials violate it
+    spec0 = _spec(tmp_path / "a", [])
+    drv0 = run_in_process(spec0)
+    ttfts = sorted(r.metrics["ttft_ms_p50"] for r in R.load_records(drv0.study) if r.status == "ok")
+    bound = ttfts[len(ttfts) // 2]
+    spec = _spec(tmp_path / "b", [f"sweep.objective_constraints=['ttft_ms_p50 < {bound}']"])
+    drv = run_in_process(spec)
+    recs = R.load_records(drv.study)
+    violators = {r.number for r in recs if r.status == "ok" and r.metrics["ttft_ms_p50"] >= bound}
+    assert violators
+    best = R.best_record(recs, spec.objective_set)
+    assert best is not None and best.number not in violators and best.metrics["ttft_ms_p50"] < bound
+    for t in drv.study.get_trials(states=(TrialState.COMPLETE,)):
+        if t.number in violators and t.user_attrs.get("duplicate_of") is None:
+            assert t.constraints["feasible"] > 0
+    top, _ = candidates(recs, 10, spec.objective_set)
+    assert not {r.number for r in top} & violators
+    # unconstrained, the top decode trial is among the violators' peers: the constraint mattered
+    assert R.best_record(recs).metrics["decode_tok_s"] >= best.metrics["decode_tok_s"]
+
+
+def test_config_errors_name_the_field(tmp_path):
+    for bad, field in [(["sweep.direction=down"], "sweep.direction"),
+                       (["sweep.objective_constraints=['ttft_ms_p99 <== 3']"], "sweep.objective_constraints"),
+                       (["sweep.objective=[decode_tok_s,output_tok_s]", "sweep.direction=[maximize]"], "sweep.direction"),
+                       (["sweep.objective=''"], "sweep.objective")]:
+        with pytest.raises(ConfigError) as e:
+            _spec(tmp_path, bad)
+        assert field in str(e.value), (bad, str(e.value))
+
+
+def test_multi_objective_fits_the_types(tmp_path):
+    spec = _spec(tmp_path, ["sweep.objective=[output_tok_s,ttft_ms_p50]", "sweep.direction=[maximize,minimize]",
+                            "sweep.objective_constraints=['itl_ms_p99 <= 1000']"])
+    objs = spec.objective_set
+    assert objs.multi and objs.directions == ["maximize", "minimize"]
+    spec.store_dir.mkdir(parents=True)
+    study = S.open_study(spec)
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    t = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    v = S.verdict_for("ok", metrics={"output_tok_s": 90.0, "ttft_ms_p50": 80.0, "itl_ms_p99": 12.0}, objectives=objs)
+    assert v.state == TrialState.COMPLETE and v.values == (90.0, 80.0) and v.constraint == 0.0
+    S.tell(study, t, v)
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    assert done[0].values == [90.0, 80.0] and done[0].constraints["feasible"] == 0.0
+    bad = S.verdict_for("ok", metrics={"output_tok_s": 90.0, "ttft_ms_p50": 80.0, "itl_ms_p99": 1500.0},
+                        objectives=objs)
+    assert bad.constraint == pytest.approx(500.0)
+    assert S.verdict_for("ok", metrics={"output_tok_s": 90.0}, objectives=objs) == S.IGNORED
+
+
+def test_confirmation_ranks_by_the_objective():
+    obj = Objective("ttft_ms_p50", "minimize")
+    mk = lambda n, v, b=False: R.TrialRecord(n, "COMPLETE", {"cuda_graph_max_bs": n}, "ok",  # noqa: E731
+                                             {"ttft_ms_p50": v, "decode_tok_s": 100.0 - v}, is_baseline=b)
+    base, fast, slow = mk(0, 90.0, True), mk(1, 60.0), mk(2, 80.0)
+    top, b = candidates([base, fast, slow], 2, obj)
+    assert [r.number for r in top] == [1, 2] and b is base
+    runs = {0: [90.0, 91.0, 89.0], 1: [61.0, 60.0, 59.0], 2: [80.0, 81.0, 79.0]}
+    todo = [(base, True), (fast, False), (slow, False)]
+    res = {i: [TrialResult(status="ok", metrics={"ttft_ms_p50": v}) for v in vs] for i, vs in runs.items()}
+    out = summarize(todo, res, 3, 0.95, obj)
+    assert out["winner"] == 1
+    e = next(x for x in out["entries"] if x["trial"] == 1)
+    assert e["speedup_mean"] == pytest.approx(90.0 / 60.0)  # latency 1.5x lower = 1.5x better
+    assert summarize(todo, res, 3, 0.95, Objective("ttft_ms_p50", "maximize"))["winner"] == 0
+    assert ObjectiveSet.from_config("ttft_ms_p50", "minimize").primary == obj
