@@ -4,9 +4,10 @@ A knob renders to CLI flags (always full names: SGLang's parser accepts unique
 prefixes, so an abbreviation silently changes meaning across versions) and/or
 environment variables (NCCL_ALGO, NCCL_PROTO, ...). Rendering is a pure function.
 
-Version-dependent flag names (SGLang 0.5.23 has no ``--cuda-graph-max-bs``; older
-releases have only that name) are looked up through :data:`FLAGS`, a logical-id ->
-full-flag mapping for the targeted SGLang version.
+Flags are named by *logical id* (``cuda_graph_max_bs``) and looked up for the targeted
+SGLang version in the one knob table (``tasks/backends/sglang_flags.json``, the table the
+emulated server parses with too): SGLang 0.5.14 renamed ``--cuda-graph-max-bs`` to
+``--cuda-graph-max-bs-decode``, and a version without a flag a level needs refuses it here.
 """
 
 from __future__ import annotations
@@ -16,17 +17,30 @@ from typing import Any
 
 from tasks.sglang_cli import DEFAULT_SGLANG_VERSION, FlagSet, FlagUnavailable, flags_from_table, resolve_flags
 
-# Logical flag id -> full flag name. The names and their version ranges live in one place,
-# tasks/sglang_cli.VERSION_TABLE (sources there: SGLang 0.5.22/0.5.23's real parsers, older
-# wheels read statically); render_launch reads the installed SGLang's own parser when it is
-# importable (tasks.sglang_cli.resolve_flags), else the table for backend["sglang_version"].
+# render_launch reads the installed SGLang's own parser when it is importable
+# (tasks.sglang_cli.resolve_flags), else the knob table for backend["sglang_version"].
 FLAGS_0_5_23: FlagSet = flags_from_table("0.5.23")
 # Releases before the decode/prefill split of the CUDA-graph flags (only --cuda-graph-max-bs).
 FLAGS_LEGACY: FlagSet = flags_from_table("0.5.10")
 
 FLAGS = FLAGS_0_5_23
 
-ALLREDUCE_LEVELS = ("nccl", "custom", "flashinfer_fusion", "torch_symm_mem")
+# Allreduce level -> the flags (logical ids) that pin its path: explicit on/off switches, since
+# SGLang turns paths on or off by itself (DESIGN.md § Knobs).
+ALLREDUCE_FLAGS: dict[str, tuple[str, ...]] = {
+    "nccl": ("disable_custom_all_reduce", "enforce_disable_flashinfer_allreduce_fusion"),
+    "custom": ("enforce_disable_flashinfer_allreduce_fusion",),
+    "flashinfer_fusion": ("disable_custom_all_reduce", "enable_flashinfer_allreduce_fusion"),
+    "torch_symm_mem": ("disable_custom_all_reduce", "enforce_disable_flashinfer_allreduce_fusion", "enable_torch_symm_mem"),
+}
+ALLREDUCE_LEVELS = tuple(ALLREDUCE_FLAGS)
+
+# EAGLE knob -> logical flag id (rendered only with speculative=eagle3).
+EAGLE_KNOBS: dict[str, str] = {
+    "eagle_num_steps": "speculative_num_steps",
+    "eagle_topk": "speculative_eagle_topk",
+    "eagle_num_draft_tokens": "speculative_num_draft_tokens",
+}
 
 # Knobs that are environment variables. "default" leaves the variable unset.
 ENV_KNOBS: dict[str, str] = {
@@ -46,9 +60,7 @@ KNOWN_KNOBS = frozenset(
     {
         "speculative",
         "allreduce",
-        "eagle_num_steps",
-        "eagle_topk",
-        "eagle_num_draft_tokens",
+        *EAGLE_KNOBS,
         "moe_a2a_backend",
         *ENV_KNOBS,
         *VALUE_KNOBS,
@@ -126,49 +138,19 @@ def render_launch(
     f = _FlagLookup(flags)
     unknown = sorted(set(params) - KNOWN_KNOBS)
     if unknown:
-        raise KnobError(
-            f"unknown knob(s) {unknown}; known knobs: {sorted(KNOWN_KNOBS)}"
-        )
+        raise KnobError(f"unknown knob(s) {unknown}; known knobs: {sorted(KNOWN_KNOBS)}")
     tp = int(backend.get("tp_size") or node.get("gpus") or 1)
     argv: list[str] = [str(x) for x in backend.get("launcher", ["python", "-m", "sglang.launch_server"])]
     argv += [f["model_path"], str(model["path"]), f["tp_size"], str(tp)]
     if model.get("trust_remote_code"):
         argv.append(f["trust_remote_code"])
     env: dict[str, str] = {str(k): str(v) for k, v in (backend.get("env") or {}).items()}
-    expected: dict[str, Any] = {}
 
     allreduce = params.get("allreduce", "nccl")
-    if allreduce == "nccl":
-        argv += [f["disable_custom_all_reduce"], f["enforce_disable_flashinfer_allreduce_fusion"]]
-    elif allreduce == "custom":
-        argv += [f["enforce_disable_flashinfer_allreduce_fusion"]]
-    elif allreduce == "flashinfer_fusion":
-        argv += [f["disable_custom_all_reduce"], f["enable_flashinfer_allreduce_fusion"]]
-    elif allreduce == "torch_symm_mem":
-        argv += [
-            f["disable_custom_all_reduce"],
-            f["enforce_disable_flashinfer_allreduce_fusion"],
-            f["enable_torch_symm_mem"],
-        ]
-    else:
+    if not isinstance(allreduce, str) or allreduce not in ALLREDUCE_FLAGS:
         raise KnobError(f"allreduce={allreduce!r}: choose one of {list(ALLREDUCE_LEVELS)}")
-    expected["allreduce"] = allreduce
-
-    spec = params.get("speculative", "none")
-    if spec == "eagle3":
-        draft = model.get("draft_path")
-        if not draft:
-            raise KnobError("speculative=eagle3 needs model.draft_path (the EAGLE-3 draft checkpoint)")
-        argv += [f["speculative_algorithm"], "EAGLE3", f["speculative_draft_model_path"], str(draft)]
-        for knob, flag in (
-            ("eagle_num_steps", "speculative_num_steps"),
-            ("eagle_topk", "speculative_eagle_topk"),
-            ("eagle_num_draft_tokens", "speculative_num_draft_tokens"),
-        ):
-            if params.get(knob) is not None:
-                argv += [f[flag], _fmt(params[knob])]
-    elif spec not in (None, "none"):
-        raise KnobError(f"speculative={spec!r}: choose none or eagle3")
+    argv += [f[flag_id] for flag_id in ALLREDUCE_FLAGS[allreduce]]
+    argv += _speculative_args(params, model, f)
 
     a2a = params.get("moe_a2a_backend", "none")
     if a2a not in (None, "none"):
@@ -184,4 +166,25 @@ def render_launch(
             env[var] = _fmt(value)
 
     argv += [str(x) for x in backend.get("extra_args") or []]
-    return argv, env, expected
+    return argv, env, {"allreduce": allreduce}
+
+
+def _speculative_args(params: Mapping[str, Any], model: Mapping[str, Any], f: _FlagLookup) -> list[str]:
+    """The speculative-decoding flags of ``params`` (none without ``speculative=eagle3``).
+
+    Raises:
+        KnobError: an unknown level, or EAGLE-3 without ``model.draft_path``.
+    """
+    spec = params.get("speculative", "none")
+    if spec in (None, "none"):
+        return []
+    if spec != "eagle3":
+        raise KnobError(f"speculative={spec!r}: choose none or eagle3")
+    draft = model.get("draft_path")
+    if not draft:
+        raise KnobError("speculative=eagle3 needs model.draft_path (the EAGLE-3 draft checkpoint)")
+    out = [f["speculative_algorithm"], "EAGLE3", f["speculative_draft_model_path"], str(draft)]
+    for knob, flag_id in EAGLE_KNOBS.items():
+        if params.get(knob) is not None:
+            out += [f[flag_id], _fmt(params[knob])]
+    return out

@@ -63,6 +63,11 @@ class Backend:
         """The emulator profile ``{"node", "model", "emulator"}`` trials need; None for real engines."""
         return None
 
+    def knob_types(self) -> dict[str, str]:
+        """Every knob this backend renders -> the type its engine parses a value as (``"int"`` |
+        ``"float"`` | ``"str"``); a sweep level of another type would only fail at launch."""
+        raise NotImplementedError
+
     def render(self, params: Mapping[str, Any], node: Mapping[str, Any], model: Mapping[str, Any],
                backend_cfg: Mapping[str, Any]) -> Launch:
         """Knob values -> :class:`Launch` for this engine and version.

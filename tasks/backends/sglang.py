@@ -10,7 +10,7 @@ from typing import Any
 from tasks.backends.base import Backend, Launch
 from tasks.bench import fetch_server_info, run_benchmark
 from tasks.failures import detect_perf_tags
-from tasks.knobs import render_launch
+from tasks.knobs import FLOAT_KNOBS, INT_KNOBS, KNOWN_KNOBS, render_launch
 from tasks.sglang_cli import DEFAULT_SGLANG_VERSION, SGLangUnavailable, check_many
 from tasks.types import BenchSpec
 
@@ -33,6 +33,9 @@ class SGLangBackend(Backend):
 
     def engine_version(self, backend_cfg: Mapping[str, Any]) -> str:
         return str(backend_cfg.get("sglang_version") or DEFAULT_SGLANG_VERSION)
+
+    def knob_types(self) -> dict[str, str]:
+        return {k: "int" if k in INT_KNOBS else "float" if k in FLOAT_KNOBS else "str" for k in sorted(KNOWN_KNOBS)}
 
     def render(self, params: Mapping[str, Any], node: Mapping[str, Any], model: Mapping[str, Any],
                backend_cfg: Mapping[str, Any]) -> Launch:
