@@ -58,7 +58,7 @@ def test_fit_recovers_identifiable_constants():
 
 
 def test_fit_reports_non_identifiable_on_bs1_only():
-    # Only batch-1 baselines: eta and t_ovh trade off one-for-one (emulated_node.md §8.1).
+    # Only batch-1 baselines: eta and t_ovh trade off one-for-one.
     data = [m for m in _synthetic(noise=0.0, seed=1) if m["config"].get("batch", 1) == 1
             and not m["config"].get("speculative") and m["config"].get("allreduce") != "custom"
             and m["config"].get("nccl_proto", "default") == "default"]

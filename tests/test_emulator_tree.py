@@ -132,7 +132,7 @@ def test_profile_rank_shape_is_read_and_validated():
 
 
 def test_eagle_loses_on_this_node_unless_verify_is_graph_captured():
-    """emulated_node.md §8.6: no draft shape of the campaign space beats the 89.5 tok/s
+    """The campaign's outcome: no draft shape of the campaign space beats the 89.5 tok/s
     baseline while verify collectives cost α_verify; with α_verify -> α_NCCL the campaign's
     3/1/4 reaches ~104 tok/s and wins."""
     best = max(evaluate_argv(PROFILE, _argv(*sh)).decode_tok_s for sh in SHAPES)

@@ -56,7 +56,8 @@ PARAMS: dict[str, str] = {
     "t_draft_ms": "model.emulator.t_draft_ms",
     "accept_rate": "model.emulator.accept_rate",
 }
-# The [F] constants of emulated_node.md §8.1; eta [A] and alpha_nccl [S] stay fixed by default.
+# The [F] (fitted) constants; eta [A] and alpha_nccl [S] stay fixed by default (on batch-1 data
+# eta, alpha_nccl and t_ovh trade off, see docs/emulator.md "Calibration").
 DEFAULT_FREE = ("t_ovh_ms", "delta_cg", "alpha_verify_us", "alpha_custom_ar_us", "t_draft_ms", "accept_rate")
 
 

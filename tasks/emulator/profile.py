@@ -117,7 +117,66 @@ def _arch_major(node: dict) -> int | None:
     try:
         return int(str(cc).split(".")[0])
     except ValueError:
-        raise ValueError(f"node.compute_capability: expected like '12.0', got {cc!r}; fix conf/node/<node>.yaml")
+        raise ValueError(f"node.compute_capability: expected like '12.0', got {cc!r}; "
+                         f"fix conf/node/<node>.yaml") from None
+
+
+def _caps_and_fingerprint(node: dict, emu_in: dict, prof: dict) -> tuple[dict, dict]:
+    """Effective capabilities (node, arch from compute capability, overrides) and fingerprint."""
+    caps = copy.deepcopy(node["emulator"].get("capabilities") or {})
+    major = _arch_major(node)
+    if major is not None:
+        caps.setdefault("arch_major", major)
+    if "nvlink" in node:
+        caps.setdefault("nvlink", bool(node["nvlink"]))
+    caps.update(emu_in.get("capabilities") or {})
+    fp = copy.deepcopy(node["emulator"].get("fingerprint") or {})
+    fp.update(emu_in.get("fingerprint") or {})
+    fp.setdefault("sglang", str(prof["emulator"]["sglang_version"]))
+    if "fingerprint" in emu_in and "sglang" not in (emu_in.get("fingerprint") or {}):
+        fp["sglang"] = str(prof["emulator"]["sglang_version"])
+    return caps, fp
+
+
+def _validate(prof: dict) -> None:
+    """Check the merged profile's numbers, acceptance model, NCCL tables and fault (ValueError)."""
+    for dotted in _POSITIVE + _NON_NEGATIVE:
+        try:
+            v = get_path(prof, dotted)
+        except KeyError:
+            raise ValueError(f"{dotted}: missing; add it to {_where(dotted)} "
+                             f"(values and sources: conf/node/rtx_pro_6000x8.yaml, docs/emulator.md)") from None
+        strict = dotted in _POSITIVE
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (v <= 0 if strict else v < 0):
+            raise ValueError(f"{dotted}: must be a number {'> 0' if strict else '>= 0'} (got {v!r}); "
+                             f"fix it in {_where(dotted)}")
+    for dotted in ("node.emulator.eta", "node.emulator.mfu"):
+        if get_path(prof, dotted) > 1:
+            raise ValueError(f"{dotted}: a fraction in (0, 1] (got {get_path(prof, dotted)}); fix it in {_where(dotted)}")
+    a = prof["model"]["emulator"].get("accept_rate")
+    rates = a if isinstance(a, list) else [a]
+    if not rates or any(isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < 1 for r in rates):
+        raise ValueError(f"model.emulator.accept_rate: a number or list of numbers in [0, 1) (got {a!r}); "
+                         f"fix it in {_where('model.')}")
+    for key, hi_ok in (("accept_topk_recovery", True), ("accept_topk_decay", False)):
+        v = prof["model"]["emulator"].get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not (0 <= v <= 1 if hi_ok else 0 <= v < 1)):
+            raise ValueError(f"model.emulator.{key}: a number in [0, 1{']' if hi_ok else ')'} (got {v!r}); "
+                             f"fix it in {_where('model.')}")
+    for algo in ("Ring", "Tree"):
+        for proto in ("LL", "LL128", "Simple"):
+            for tbl in ("base_lat_us", "hw_lat_pci_us"):
+                try:
+                    get_path(prof, f"node.emulator.nccl.{tbl}.{algo}.{proto}")
+                except KeyError:
+                    raise ValueError(f"node.emulator.nccl.{tbl}.{algo}.{proto}: missing; copy the NCCL "
+                                     f"tuning.cc table from conf/node/rtx_pro_6000x8.yaml") from None
+    fault = prof["emulator"].get("fault")
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"emulator.fault: unknown fault {fault!r}; use one of {list(FAULTS)} or null")
+    if "arch_major" not in prof["emulator"]["capabilities"]:
+        raise ValueError("node.compute_capability: missing (e.g. \"12.0\"); or set emulator.capabilities.arch_major")
 
 
 def build_profile(node: dict, model: dict, emulator: dict | None = None) -> dict:
@@ -155,59 +214,8 @@ def build_profile(node: dict, model: dict, emulator: dict | None = None) -> dict
     for k, v in RUNTIME_DEFAULTS.items():
         if prof["emulator"].get(k) is None and v is not None:
             prof["emulator"][k] = v
-
-    caps = copy.deepcopy(node["emulator"].get("capabilities") or {})
-    major = _arch_major(node)
-    if major is not None:
-        caps.setdefault("arch_major", major)
-    if "nvlink" in node:
-        caps.setdefault("nvlink", bool(node["nvlink"]))
-    caps.update(emu_in.get("capabilities") or {})
-    prof["emulator"]["capabilities"] = caps
-    fp = copy.deepcopy(node["emulator"].get("fingerprint") or {})
-    fp.update(emu_in.get("fingerprint") or {})
-    fp.setdefault("sglang", str(prof["emulator"]["sglang_version"]))
-    if "fingerprint" in emu_in and "sglang" not in (emu_in.get("fingerprint") or {}):
-        fp["sglang"] = str(prof["emulator"]["sglang_version"])
-    prof["emulator"]["fingerprint"] = fp
-
-    for dotted in _POSITIVE + _NON_NEGATIVE:
-        try:
-            v = get_path(prof, dotted)
-        except KeyError:
-            raise ValueError(f"{dotted}: missing; add it to {_where(dotted)} "
-                             f"(values and sources: ../shared/data/emulated_node.md)") from None
-        strict = dotted in _POSITIVE
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (v <= 0 if strict else v < 0):
-            raise ValueError(f"{dotted}: must be a number {'> 0' if strict else '>= 0'} (got {v!r}); "
-                             f"fix it in {_where(dotted)}")
-    for dotted in ("node.emulator.eta", "node.emulator.mfu"):
-        if get_path(prof, dotted) > 1:
-            raise ValueError(f"{dotted}: a fraction in (0, 1] (got {get_path(prof, dotted)}); fix it in {_where(dotted)}")
-    a = prof["model"]["emulator"].get("accept_rate")
-    rates = a if isinstance(a, list) else [a]
-    if not rates or any(isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < 1 for r in rates):
-        raise ValueError(f"model.emulator.accept_rate: a number or list of numbers in [0, 1) (got {a!r}); "
-                         f"fix it in {_where('model.')}")
-    for key, hi_ok in (("accept_topk_recovery", True), ("accept_topk_decay", False)):
-        v = prof["model"]["emulator"].get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                              or not (0 <= v <= 1 if hi_ok else 0 <= v < 1)):
-            raise ValueError(f"model.emulator.{key}: a number in [0, 1{']' if hi_ok else ')'} (got {v!r}); "
-                             f"fix it in {_where('model.')}")
-    for algo in ("Ring", "Tree"):
-        for proto in ("LL", "LL128", "Simple"):
-            for tbl in ("base_lat_us", "hw_lat_pci_us"):
-                try:
-                    get_path(prof, f"node.emulator.nccl.{tbl}.{algo}.{proto}")
-                except KeyError:
-                    raise ValueError(f"node.emulator.nccl.{tbl}.{algo}.{proto}: missing; copy the NCCL "
-                                     f"tuning.cc table from conf/node/rtx_pro_6000x8.yaml") from None
-    fault = prof["emulator"].get("fault")
-    if fault is not None and fault not in FAULTS:
-        raise ValueError(f"emulator.fault: unknown fault {fault!r}; use one of {list(FAULTS)} or null")
-    if "arch_major" not in caps:
-        raise ValueError("node.compute_capability: missing (e.g. \"12.0\"); or set emulator.capabilities.arch_major")
+    prof["emulator"]["capabilities"], prof["emulator"]["fingerprint"] = _caps_and_fingerprint(node, emu_in, prof)
+    _validate(prof)
     return prof
 
 
