@@ -17,21 +17,34 @@ import shlex
 import socket
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tasks.bench import BenchError
 from tasks.failures import KIND, classify
 from tasks.redact import redact_argv, redact_env, redact_text
 from tasks.server import LifecycleError, ServerProcess, launched_server, port_is_free, reserve_ports
-from tasks.types import TrialResult, TrialSpec
-
-if TYPE_CHECKING:
-    from tasks.backends.base import Backend
+from tasks.types import BenchSpec, TrialResult, TrialSpec
 
 LOG_TAIL_LINES = 60
 PROFILE_ENV = "SERVESWEEP_EMULATOR_PROFILE"
 HOST = "127.0.0.1"
+
+
+class Backend(Protocol):
+    """What the lifecycle asks of a backend (:class:`tasks.backends.base.Backend` documents each)."""
+
+    ports: tuple[str, ...]
+    health_path: str
+    checks_gpus: bool
+
+    def fingerprint(self, profile: Mapping[str, Any] | None, gpu_indices: list[int] | None) -> dict[str, str]: ...
+    def server_argv(self, argv: Sequence[str], host: str, ports: Sequence[int]) -> list[str]: ...
+    def benchmark(self, base_url: str, bench: BenchSpec,
+                  deadline_s: float | None) -> tuple[dict[str, float], list[dict[str, Any]]]: ...
+    def post_bench_metrics(self, base_url: str, metrics: dict[str, float]) -> dict[str, float]: ...
+    def paths_taken(self, log: str, expected: Mapping[str, Any]) -> list[str]: ...
 
 
 def tail(text: str, n: int = LOG_TAIL_LINES) -> str:
