@@ -10,10 +10,12 @@ import optuna
 import pytest
 
 from sweeps import records as R
+from sweeps.config import load_spec
 from sweeps.findings import objective_of, read_data_block, update_findings
 from sweeps.findings.measure import axis, column, unit
 from sweeps.objective import MetricConstraint, Objective, ObjectiveSet
 from sweeps.report import by_allreduce_figure, eagle_figure, history_figure, study_objective, write_plots
+from tests.conftest import compose_cfg
 from tests.test_findings import FP, _read, _spec
 
 TTFT = Objective("ttft_ms_p50", "minimize")
@@ -153,3 +155,12 @@ def test_write_plots_takes_the_objective_from_the_study(tmp_path):
         study.tell(t, v)
     names = {p.name for p in write_plots(study, tmp_path / "plots")}
     assert {"optimization_history.png", "toks_by_allreduce_speculation.png", "failures_by_class.png"} <= names
+
+
+def test_the_sweep_config_selects_the_objective(tmp_path):
+    """``sweep.objective=ttft_ms_p50 sweep.direction=minimize`` alone (no objective passed)."""
+    spec = load_spec(compose_cfg(["sweep=smoke", f"tracking.store_dir={tmp_path / 'store'}",
+                                  "sweep.objective=ttft_ms_p50", "sweep.direction=minimize"]))
+    assert objective_of(spec) == TTFT
+    text = _read(update_findings(spec, "lat", latency_sweep(), FP, None, path=tmp_path / "doc.md"))
+    assert "Objective: `ttft_ms_p50` (minimize, ms)." in text and "**t1: 300.0 ms**, **1.33x** better than the baseline" in text

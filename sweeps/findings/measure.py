@@ -2,8 +2,8 @@
 word it: the metric's name and unit in headings, table columns and axes, "x the baseline"
 as the objective's ratio (a latency halved is 2x better).
 
-The record helpers mirror ``sweeps.records`` (value of a trial, the baseline's value, the
-best trial) but take the :class:`~sweeps.objective.Objective` to rank by.
+The record helpers are ``sweeps.records``' (value of a trial, the baseline's value, the best
+trial) with the :class:`~sweeps.objective.Objective` always passed.
 """
 
 from __future__ import annotations
@@ -50,21 +50,19 @@ def unit(name: str) -> str:
 
 
 def value_of(r: R.TrialRecord, obj: Objective) -> float | None:
-    """The objective's value of an ok trial, else None (failed, skipped, missing metric)."""
-    return obj.value(r.metrics) if r.status == "ok" else None
+    """The objective's value of an ok trial, else None (:func:`sweeps.records.value_of`)."""
+    return R.value_of(r, obj)
 
 
 def baseline_value(records: Sequence[R.TrialRecord], obj: Objective) -> float | None:
-    """The baseline's objective measured in this study (median of its ok runs), or None."""
-    vals = sorted(v for r in records if r.is_baseline and (v := value_of(r, obj)) is not None)
-    return vals[len(vals) // 2] if vals else None
+    """The baseline's objective measured in this study, or None (:func:`sweeps.records.baseline_value`)."""
+    return R.baseline_value(list(records), obj)
 
 
 def best_record(records: Sequence[R.TrialRecord], obj: Objective) -> R.TrialRecord | None:
     """The ok, launched trial with the best objective that ran the path it names and meets
-    the objective's constraints, or None."""
-    ok = [r for r in records if r.duplicate_of is None and R.counts_for_level(r) and obj.feasible(r.metrics)]
-    return obj.best(ok, lambda r: value_of(r, obj))
+    the objective's constraints, or None (:func:`sweeps.records.best_record`)."""
+    return R.best_record(list(records), obj)
 
 
 def best_value(values: Sequence[float | None], obj: Objective) -> float | None:
