@@ -231,20 +231,27 @@ def load_knowledge(directory: str | Path | None = None, sweep_dir: str | Path | 
     """Load and validate every ``*.yaml`` under ``directory`` (default conf/knowledge).
 
     Knob names and levels are checked against the params of ``sweep_dir`` (default
-    conf/sweep). Cached per directory pair.
+    conf/sweep). The shipped set (both defaults) is read once per process; an explicit
+    directory is read on every call.
 
     Raises:
         KnowledgeError: naming the file and field of the first bad entry, or a duplicate id.
     """
-    return _load_cached(str(Path(directory or KNOWLEDGE_DIR).resolve()), str(Path(sweep_dir or SWEEP_DIR).resolve()))
+    if directory is None and sweep_dir is None:
+        return _load_shipped()
+    return _load(Path(directory or KNOWLEDGE_DIR), Path(sweep_dir or SWEEP_DIR))
 
 
-@functools.lru_cache(maxsize=8)
-def _load_cached(directory: str, sweep_dir: str) -> tuple[KnowledgeEntry, ...]:
-    known = _sweep_params(Path(sweep_dir))
+@functools.lru_cache(maxsize=1)
+def _load_shipped() -> tuple[KnowledgeEntry, ...]:
+    return _load(KNOWLEDGE_DIR, SWEEP_DIR)
+
+
+def _load(directory: Path, sweep_dir: Path) -> tuple[KnowledgeEntry, ...]:
+    known = _sweep_params(sweep_dir)
     entries: list[KnowledgeEntry] = []
     seen: dict[str, str] = {}
-    for path in sorted(Path(directory).glob("*.yaml")):
+    for path in sorted(directory.glob("*.yaml")):
         for e in _load_file(path, known):
             if e.id in seen:
                 raise KnowledgeError(f"{e.file}: id {e.id!r} already defined in {seen[e.id]}")
