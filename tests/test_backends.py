@@ -57,8 +57,9 @@ def test_capabilities_and_profiles(spec):
     assert real.checks_gpus and real.launches_server and real.profile(node, model, cfg) is None
     assert not emu.checks_gpus and emu.launches_server and len(emu.ports) == 2
     assert not inst.launches_server and inst.validate([["x"]], cfg) is None
-    types = real.knob_types()
-    assert types["cuda_graph_max_bs"] == "int" and types["mem_fraction_static"] == "float" and types["allreduce"] == "str"
+    assert {"allreduce", "cuda_graph_max_bs", "speculative"} <= real.known_knobs
+    assert "cuda_graph_max_bs" in real.int_knobs and "mem_fraction_static" in real.float_knobs
+    assert (real.int_knobs | real.float_knobs) <= real.known_knobs and not real.int_knobs & real.float_knobs
     prof = emu.profile(node, model, cfg)
     assert set(prof) == {"node", "model", "emulator"} and prof["emulator"]["sglang_version"] == cfg["sglang_version"]
     fp = emu.fingerprint(prof, [0, 1])

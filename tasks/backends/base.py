@@ -44,6 +44,9 @@ class Backend:
         ports: names of the TCP ports one trial reserves, in the order
             :meth:`server_argv` receives them (SGLang: HTTP port and NCCL port).
         health_path: readiness endpoint polled until it answers 200.
+        known_knobs: every knob name :meth:`render` takes.
+        int_knobs, float_knobs: knobs the engine parses as int / float (a sweep level of
+            another type would only fail at launch, so config validation refuses it).
     """
 
     kind: str = ""
@@ -52,6 +55,9 @@ class Backend:
     checks_gpus: bool = True
     ports: tuple[str, ...] = ("port",)
     health_path: str = "/health"
+    known_knobs: frozenset[str] = frozenset()
+    int_knobs: frozenset[str] = frozenset()
+    float_knobs: frozenset[str] = frozenset()
 
     # --- driver side -------------------------------------------------------------------
     def engine_version(self, backend_cfg: Mapping[str, Any]) -> str:
@@ -62,11 +68,6 @@ class Backend:
                 backend_cfg: Mapping[str, Any]) -> dict[str, Any] | None:
         """The emulator profile ``{"node", "model", "emulator"}`` trials need; None for real engines."""
         return None
-
-    def knob_types(self) -> dict[str, str]:
-        """Every knob this backend renders -> the type its engine parses a value as (``"int"`` |
-        ``"float"`` | ``"str"``); a sweep level of another type would only fail at launch."""
-        raise NotImplementedError
 
     def render(self, params: Mapping[str, Any], node: Mapping[str, Any], model: Mapping[str, Any],
                backend_cfg: Mapping[str, Any]) -> Launch:

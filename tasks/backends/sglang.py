@@ -30,12 +30,12 @@ class SGLangBackend(Backend):
     # /health answered 200 without generating in older releases; /health_generate runs a
     # 1-token generation (shared/data/failure_taxonomy.md § 5).
     health_path = "/health_generate"
+    known_knobs = KNOWN_KNOBS
+    int_knobs = INT_KNOBS
+    float_knobs = FLOAT_KNOBS
 
     def engine_version(self, backend_cfg: Mapping[str, Any]) -> str:
         return str(backend_cfg.get("sglang_version") or DEFAULT_SGLANG_VERSION)
-
-    def knob_types(self) -> dict[str, str]:
-        return {k: "int" if k in INT_KNOBS else "float" if k in FLOAT_KNOBS else "str" for k in sorted(KNOWN_KNOBS)}
 
     def render(self, params: Mapping[str, Any], node: Mapping[str, Any], model: Mapping[str, Any],
                backend_cfg: Mapping[str, Any]) -> Launch:
