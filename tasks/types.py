@@ -15,7 +15,8 @@ Phase = Literal["preflight", "startup", "warmup", "bench", "teardown"]
 
 @dataclass(frozen=True)
 class BenchSpec:
-    """Single-stream decode benchmark over SGLang's native ``/generate``.
+    """The benchmark a trial runs once healthy (its requests are the backend's: SGLang's native
+    streaming ``/generate``, vLLM's OpenAI ``/v1/completions``).
 
     Attributes:
         input_len: prompt length in tokens (random token ids, fixed by ``seed``).
@@ -57,12 +58,13 @@ class TrialSpec:
         sweep: sweep (study) name.
         trial_number: Optuna trial number.
         params: knob values as sampled, e.g. ``{"allreduce": "nccl", "cuda_graph_max_bs": 128}``.
-        argv: launcher argv *without* host/port flags (the node adds ``--host``,
-            ``--port`` and ``--nccl-port`` from the ports it reserves), e.g.
+        argv: launcher argv *without* host/port flags (the node adds them from the ports it
+            reserves, see ``tasks.backends.base.Backend.server_argv``), e.g.
             ``["python", "-m", "sglang.launch_server", "--model-path", ...]``.
         env: environment variables set for the server on top of the node's
             (e.g. ``{"NCCL_ALGO": "Ring"}``).
-        backend: ``"emulated"`` or ``"sglang"``.
+        backend: the backend kind that runs it (``tasks.backends.available_backends()``:
+            ``"emulated"``, ``"sglang"``, ``"instant"``, ...).
         gpus: GPUs the trial holds (TP × DP).
         bench: the benchmark to run once healthy.
         timeouts: lifecycle deadlines.
