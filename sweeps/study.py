@@ -30,6 +30,8 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 
 log = logging.getLogger("servesweep")
 SPACE_ATTR = "space_signature"
+#: study user attr: what the study measures (see :func:`study_identity`)
+IDENTITY_ATTR = "identity"
 #: Optuna constraint name; > 0 = infeasible (TPE ranks such trials among the worst).
 FEASIBLE = "feasible"
 
@@ -42,6 +44,44 @@ def space_signature(spec: SweepSpec) -> str:
     """Hash (16 hex) of the search space (params + constraints) that a resumed study must match."""
     body = json.dumps({"params": spec.sweep.params, "constraints": spec.sweep.constraints}, sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def study_identity(spec: SweepSpec) -> dict[str, str]:
+    """What a study's results are measurements of: ``backend``, ``node``, ``model``,
+    ``engine_version`` (the backend's, e.g. SGLang 0.5.23) and ``objective`` (names,
+    directions and constraints). A resumed study must match it."""
+    from tasks.backends import get_backend
+
+    objs = spec.objective_set
+    objective = ", ".join(f"{o.name} {o.direction}" + "".join(f" [{c}]" for c in o.constraints)
+                          for o in objs.objectives)
+    return {"backend": spec.backend.kind, "node": spec.node.name, "model": spec.model.name,
+            "engine_version": get_backend(spec.backend.kind).engine_version(spec.backend.model_dump()),
+            "objective": objective}
+
+
+def check_identity(study: optuna.Study, spec: SweepSpec) -> None:
+    """Record the study's identity, or refuse to resume it with another one.
+
+    A study created before identities were recorded adopts the current one.
+
+    Raises:
+        SweepError: names every field that differs and the way out (a new study).
+    """
+    now = study_identity(spec)
+    old = study.user_attrs.get(IDENTITY_ATTR)
+    stored = [d.name.lower() for d in study.directions]  # fixed when Optuna created the study
+    diff = [] if stored == spec.objective_set.directions else \
+        [f"direction: {stored} != {spec.objective_set.directions}"]
+    if old is None and not diff:
+        study.set_user_attr(IDENTITY_ATTR, now)
+        return
+    diff += [f"{k}: {old.get(k)!r} != {v!r}" for k, v in now.items() if old is not None and old.get(k) != v]
+    if diff:
+        raise SweepError(
+            f"study {study.study_name!r} holds results of a different setup ({'; '.join(diff)}; study != now). "
+            f"Resuming it would mix its results with these. Run the original setup to resume it, or start a "
+            f"new study: new_study=true (or study_name=<new name>).")
 
 
 def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
@@ -65,7 +105,8 @@ def open_study(spec: SweepSpec, name: str | None = None) -> optuna.Study:
     """Create or resume the study ``name`` (default ``spec.study``) in the RDB storage.
 
     Raises:
-        SweepError: the existing study was created with a different search space.
+        SweepError: the existing study was created with a different search space, or
+            with another backend, node, model, engine version or objective (:func:`check_identity`).
     """
     name = name or spec.study
     objs = spec.objective_set
@@ -85,6 +126,7 @@ def open_study(spec: SweepSpec, name: str | None = None) -> optuna.Study:
             f"Resume it with its original sweep config, or start a new study: new_study=true "
             f"(or study_name=<new name>)."
         )
+    check_identity(study, spec)
     return study
 
 

@@ -160,3 +160,30 @@ def test_confirmation_ranks_by_the_objective():
     assert e["speedup_mean"] == pytest.approx(90.0 / 60.0)  # latency 1.5x lower = 1.5x better
     assert summarize(todo, res, 3, 0.95, Objective("ttft_ms_p50", "maximize"))["winner"] == 0
     assert ObjectiveSet.from_config("ttft_ms_p50", "minimize").primary == obj
+
+
+def test_study_identity_refuses_another_setup_and_old_studies_adopt_it(tmp_path):
+    from sweeps.study import IDENTITY_ATTR, SweepError, open_study
+
+    spec = _spec(tmp_path, [])
+    spec.store_dir.mkdir(parents=True)
+    study = open_study(spec)
+    ident = study.user_attrs[IDENTITY_ATTR]
+    assert ident["backend"] == "instant" and ident["objective"] == "decode_tok_s maximize"
+    assert ident["engine_version"] == spec.backend.sglang_version and ident["node"] == spec.node.name
+    assert open_study(spec).user_attrs[IDENTITY_ATTR] == ident  # same setup: resumes
+    for extra, field in [(["backend=emulated"], "backend"), (["backend.sglang_version=0.5.20"], "engine_version"),
+                         (["sweep.objective=output_tok_s"], "objective"),
+                         (["sweep.direction=minimize"], "direction")]:
+        other = load_spec(compose_cfg([*FAST, *extra, f"tracking.store_dir={spec.store_dir}",
+                                       f"tracking.findings_dir={spec.store_dir / 'findings'}"]))
+        with pytest.raises(SweepError) as e:
+            open_study(other)
+        msg = str(e.value)
+        assert field in msg and "new_study=true" in msg and "study_name=" in msg, msg
+    # a study recorded before identities existed adopts the current one
+    study._storage.set_study_user_attr(study._study_id, IDENTITY_ATTR, None)
+    assert study.user_attrs.get(IDENTITY_ATTR) is None
+    other = load_spec(compose_cfg([*FAST, "sweep.objective=output_tok_s", f"tracking.store_dir={spec.store_dir}",
+                                   f"tracking.findings_dir={spec.store_dir / 'findings'}"]))
+    assert open_study(other).user_attrs[IDENTITY_ATTR]["objective"] == "output_tok_s maximize"
