@@ -41,6 +41,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_en
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from sweeps.rules_match import (
     DEFAULT_KNOBS_PATH,
@@ -199,6 +200,7 @@ class RuleStore:
             ``force``, infra, perf).
         Raises:
             ValueError: unknown class, or a fingerprint without any :data:`FINGERPRINT_KEYS`.
+            sqlalchemy.exc.IntegrityError: three concurrent inserts of the same rule in a row.
         """
         kind = KIND.get(failure_class)
         if kind is None:
@@ -212,30 +214,32 @@ class RuleStore:
         scope = str(evidence.get("sweep")) if kind != "deterministic" and evidence.get("sweep") is not None else None
         key = hashlib.sha256(canonical_json([fp_hash, model_key, failure_class, knobs, scope]).encode()).hexdigest()
         ev = canon_value(dict(evidence))
-        for _attempt in range(3):
-            try:
-                with self._tx() as conn:
-                    row = conn.execute(self._select(_rules.c.rule_key == key)).first()
-                    now = _now()
-                    if row is None:
-                        res = conn.execute(_rules.insert().values(
-                            rule_key=key, fingerprint_hash=fp_hash, fingerprint=canonical_json(fingerprint_subset(fingerprint)),
-                            model=model_key, knobs=canonical_json(knobs), failure_class=failure_class, kind=kind,
-                            signature=signature or "", evidence=canonical_json([ev]), scope_sweep=scope,
-                            created_at=now, updated_at=now, hits=0))
-                        rid = int(res.inserted_primary_key[0])
-                    else:
-                        rid = int(row.id)
-                        evs = json.loads(row.evidence)
-                        if not any(e.get("sweep") == ev.get("sweep") and e.get("trial_number") == ev.get("trial_number")
-                                   for e in evs):
-                            evs.append(ev)
-                            conn.execute(_rules.update().where(_rules.c.id == rid)
-                                         .values(evidence=canonical_json(evs), updated_at=now))
-                return self.get(rid)
-            except IntegrityError:  # another process inserted the same rule first: merge into it
-                continue
-        raise RuntimeError(f"could not record rule {key[:12]} after 3 attempts")  # pragma: no cover
+        values = {"rule_key": key, "fingerprint_hash": fp_hash, "fingerprint": canonical_json(fingerprint_subset(fingerprint)),
+                  "model": model_key, "knobs": canonical_json(knobs), "failure_class": failure_class, "kind": kind,
+                  "signature": signature or "", "scope_sweep": scope}
+        # Another process may insert the same rule between our SELECT and INSERT (a unique-key
+        # IntegrityError): retry, and the next attempt merges into its row.
+        for attempt in Retrying(stop=stop_after_attempt(3), retry=retry_if_exception_type(IntegrityError), reraise=True):
+            with attempt:
+                rid = self._upsert(values, ev)
+        return self.get(rid)
+
+    def _upsert(self, values: dict[str, Any], ev: dict[str, Any]) -> int:
+        """Insert the rule ``values`` with evidence ``ev``, or append ``ev`` to the existing row; its id."""
+        with self._tx() as conn:
+            row = conn.execute(self._select(_rules.c.rule_key == values["rule_key"])).first()
+            now = _now()
+            if row is None:
+                res = conn.execute(_rules.insert().values(**values, evidence=canonical_json([ev]), created_at=now,
+                                                          updated_at=now, hits=0))
+                return int(res.inserted_primary_key[0])
+            evs = json.loads(row.evidence)
+            if not any(e.get("sweep") == ev.get("sweep") and e.get("trial_number") == ev.get("trial_number")
+                       for e in evs):
+                evs.append(ev)
+                conn.execute(_rules.update().where(_rules.c.id == int(row.id))
+                             .values(evidence=canonical_json(evs), updated_at=now))
+            return int(row.id)
 
     def forget(self, rule_id: int) -> bool:
         """Delete a rule; True when it existed."""

@@ -18,6 +18,7 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def main(argv: list[str]) -> None:
+    """Set PR_SET_PDEATHSIG (Linux), optionally start the reaper, exec ``argv`` (exit 2 if empty)."""
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:

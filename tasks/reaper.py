@@ -63,6 +63,7 @@ def watch(watch_pid: int, pgid: int, poll_s: float = POLL_S) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """``python -m tasks.reaper WATCH_PID PGID``; 0 when the watch ends, 2 on bad arguments."""
     if len(argv) != 2 or not all(a.isdigit() for a in argv):
         sys.stderr.write("usage: python -m tasks.reaper WATCH_PID PGID\n")
         return 2

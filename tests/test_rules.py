@@ -259,3 +259,36 @@ def test_cli_list_explain_forget(tmp_path):
     assert RuleStore(url).get(r.id) is None
     assert _cli("explain", str(r.id), url=url).returncode == 1
     assert len(_cli("list", url=url).stdout.splitlines()) == 1  # header only
+
+
+def test_learn_merges_into_a_rule_another_process_inserted_first(store, monkeypatch):
+    """The unique-key race: our INSERT fails because another process inserted the same rule
+    between our SELECT and INSERT; the retry merges our evidence into that row."""
+    from sqlalchemy.exc import IntegrityError
+
+    real = store._upsert
+    calls: list[int] = []
+
+    def racing(values, evidence):
+        calls.append(1)
+        if len(calls) == 1:
+            real(values, ev(9, "other"))  # the other process wins the insert
+            raise IntegrityError("INSERT INTO servesweep_failure_rules", {}, Exception("UNIQUE constraint failed"))
+        return real(values, evidence)
+
+    monkeypatch.setattr(store, "_upsert", racing)
+    r = store.learn(FP, MODEL, P(allreduce="torch_symm_mem"), "torch_symm_mem_unsupported", "KeyError: <N>", ev(1))
+    assert len(calls) == 2
+    assert [(e["sweep"], e["trial_number"]) for e in r.evidence] == [("other", 9), ("s1", 1)]
+    assert len(store.list()) == 1
+
+
+def test_learn_gives_up_after_three_races(store, monkeypatch):
+    from sqlalchemy.exc import IntegrityError
+
+    def always(values, evidence):
+        raise IntegrityError("INSERT", {}, Exception("UNIQUE constraint failed"))
+
+    monkeypatch.setattr(store, "_upsert", always)
+    with pytest.raises(IntegrityError):
+        store.learn(FP, MODEL, P(allreduce="torch_symm_mem"), "torch_symm_mem_unsupported", "KeyError: <N>", ev(1))

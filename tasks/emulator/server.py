@@ -81,16 +81,19 @@ class EmulatedServer:
 
     # ---------------------------------------------------------------- logging
     def out(self, line: str) -> None:
+        """Print one raw line to stdout (flushed: the harness tails the log)."""
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
     def log(self, text: str, tag: str | None = None) -> None:
+        """Print an SGLang-style ``[date time TAG] text`` line with the wall clock."""
         lt = time.localtime()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", lt)
         self.out(f"[{stamp}{' ' + tag if tag else ''}] {text}")
 
     # ---------------------------------------------------------------- processes
     def spawn_ranks(self) -> None:
+        """Start ``min(tp, rank_processes)`` child rank processes (they outlive a killed launcher)."""
         n = max(1, min(self.launch.tp, int(self.profile["emulator"].get("rank_processes") or 2)))
         env = dict(os.environ)
         env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -102,6 +105,7 @@ class EmulatedServer:
                                                   stderr=subprocess.DEVNULL, env=env, cwd=REPO_ROOT))
 
     def kill_children(self, sig: int = signal.SIGKILL) -> None:
+        """Signal every rank child and reap it (SIGKILL after 2 s)."""
         for c in self.children:
             try:
                 c.send_signal(sig)
@@ -123,6 +127,7 @@ class EmulatedServer:
         os._exit(exit_code)
 
     def on_sigterm(self) -> None:
+        """SIGTERM/SIGINT: graceful exit (ignored under the ``ignore_sigterm`` fault)."""
         if self.fault == "ignore_sigterm":
             return
         asyncio.get_running_loop().create_task(self._graceful_exit())
@@ -137,17 +142,20 @@ class EmulatedServer:
 
     # ---------------------------------------------------------------- startup
     async def sleep_until(self, t_abs: float) -> None:
+        """Sleep until the monotonic time ``t_abs`` (absolute deadlines keep the token rate exact)."""
         dt = t_abs - time.monotonic()
         if dt > 0:
             await asyncio.sleep(dt)
 
     async def bind(self) -> None:
+        """Open the HTTP port (``/health`` answers 503 until ready)."""
         self.runner = web.AppRunner(HttpApi(self).app(), access_log=None, handle_signals=False)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.launch.host, self.launch.port, reuse_address=True)
         await site.start()
 
     async def run(self) -> None:
+        """Replay the modelled startup (faults applied), then serve or die as the model says."""
         loop = asyncio.get_running_loop()
         if self.fault == "ignore_sigterm":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -195,6 +203,7 @@ class EmulatedServer:
 
     # ---------------------------------------------------------------- generation
     def perf(self, batch: int) -> Prediction:
+        """The model's prediction at decode batch ``batch`` (cached)."""
         p = self.perf_cache.get(batch)
         if p is None:
             p = evaluate(self.profile, self.launch, batch=batch)
