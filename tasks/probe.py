@@ -33,8 +33,9 @@ ENGINES = ("sglang", "vllm")
 OVERRIDE_FLAG = {"sglang": "--json-model-override-args", "vllm": "--hf-overrides"}
 LOAD_FORMAT_FLAG = "--load-format"
 DUMMY = "dummy"
-#: Fewest target layers that keep EAGLE-3's default captures [2, L//2, L-3] distinct and in
-#: range: L = 6 gives [2, 3, 3], L = 7 gives [2, 3, 4] (see probe_layers).
+#: Fewest target layers at which EAGLE-3's default captures [2, L//2, L-3] are in range and in
+#: the increasing order a real model has: L = 4..6 repeat a layer ([2, 3, 3] at 6), L = 7 gives
+#: [2, 3, 4]. (L = 3 gives [2, 1, 0]: three captures, but reversed; not relied on.)
 EAGLE3_MIN_LAYERS = 7
 
 
@@ -162,9 +163,10 @@ def probe_layers(model_cfg: Mapping[str, Any], params: Mapping[str, Any], engine
        ``get_eagle3_default_aux_hidden_state_layers`` returns ``(2, L//2, L-3)``), into an
        ``AuxHiddenStatePacker`` sized for exactly 3 captures, whose ``finalize`` raises
        "captured k of 3 aux hidden states" otherwise (``python/sglang/srt/layers/aux_hidden_states.py``).
-       Three distinct ids in ``range(L)`` need ``2 < L//2 < L-3``: L = 6 gives [2, 3, 3], so
-       N >= 7 (:data:`EAGLE3_MIN_LAYERS`). A draft with explicit ids (``probe.draft_aux_layer_ids``)
-       needs N > max(id) + 1 (SGLang adds 1 when the first id is 1).
+       L = 4..6 repeat a layer (only 2 captures fire). Three ids in ``range(L)`` in the real
+       model's low/mid/high order need ``2 < L//2 < L-3``, so N >= 7 (:data:`EAGLE3_MIN_LAYERS`;
+       L = 3 would capture [2, 1, 0], reversed, which no full launch does). A draft with explicit
+       ids (``probe.draft_aux_layer_ids``) needs N > max(id) + 1 (SGLang adds 1 when the first id is 1).
     3. Where the override goes. SGLang passes ``--json-model-override-args`` to the draft's
        ModelConfig too (``ModelConfig.from_server_args(..., is_draft_model=True)`` uses the
        same ``json_model_override_args``). A nested ``text_config`` override then adds a bare
