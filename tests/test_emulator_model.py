@@ -67,8 +67,8 @@ def test_custom_allreduce_degrades_unless_forced():
              "--cuda-graph-max-bs-decode", "128"]
     p = evaluate_argv(PROFILE, flags)
     assert p.allreduce_path.startswith("nccl") and "allreduce_path_degraded" in p.perf_tags
-    assert any("Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs." in l
-               for l in p.log_lines)
+    assert any("Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs." in line
+               for line in p.log_lines)
     forced = copy.deepcopy(PROFILE)
     forced["emulator"]["capabilities"]["force_custom_allreduce_pcie"] = True
     q = evaluate_argv(forced, flags)
