@@ -89,3 +89,19 @@ def test_no_backend_checks_outside_the_backend_modules():
                 hits.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not hits, "\n".join(hits)
     assert KIND_CHECK.search('if spec.backend == "instant":') and KIND_CHECK.search('kind in ("emulated", "instant")')
+
+
+def test_validation_checks_the_server_args_whatever_the_launcher(spec, monkeypatch):
+    """The emulated server's launcher (python -m tasks.emulator.server) is not SGLang's: only the
+    server args go to SGLang's parser."""
+    import tasks.backends.sglang as mod
+
+    seen = []
+    monkeypatch.setattr(mod, "check_many", lambda argvs, python=None: seen.extend(argvs) or [{"ok": True}] * len(argvs))
+    cfg = backend_dict(spec)
+    argv = [a.replace("{python}", "/venv/bin/python") for a in get_backend("emulated").render(PARAMS, {"gpus": 8},
+            spec.model.model_dump(), cfg).argv]
+    assert argv[:3] == ["/venv/bin/python", "-m", "tasks.emulator.server"]
+    assert get_backend("emulated").validate([argv], cfg) == [{"ok": True}]
+    assert seen == [argv[3:]] and seen[0][0] == "--model-path"
+    assert mod.strip_launcher(["--model-path", "m"], ["{python}", "-m", "x"]) == ["--model-path", "m"]

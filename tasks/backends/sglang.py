@@ -19,6 +19,16 @@ from tasks.types import BenchSpec
 CONTRACT_PYTHON = Path(__file__).resolve().parents[2] / ".contract-venv" / "bin" / "python"
 
 
+def strip_launcher(argv: Sequence[str], launcher: Sequence[str]) -> list[str]:
+    """``argv`` without its ``backend.launcher`` prefix (``{python}`` matches any interpreter), so
+    any launcher (the emulated server's module, a container command) leaves the server args;
+    an argv that does not start with the launcher is returned as is."""
+    n = len(launcher)
+    if n and len(argv) >= n and all(x == "{python}" or x == a for x, a in zip(launcher, argv)):
+        return list(argv[n:])
+    return list(argv)
+
+
 class SGLangBackend(Backend):
     """SGLang ``launch_server`` on a GPU node (see :class:`tasks.backends.base.Backend`)."""
 
@@ -47,8 +57,9 @@ class SGLangBackend(Backend):
         python = backend_cfg.get("python")
         if python is None and CONTRACT_PYTHON.exists():
             python = str(CONTRACT_PYTHON)
+        launcher = [str(x) for x in backend_cfg.get("launcher") or ()]
         try:
-            return check_many(argvs, python=python)
+            return check_many([strip_launcher(a, launcher) for a in argvs], python=python)
         except SGLangUnavailable:
             return None
 
