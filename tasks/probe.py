@@ -106,7 +106,8 @@ def _probe_classes_cached(path: str) -> ProbeClasses:
 # ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModelGeometry:
-    """What the probe needs to know about the model (from the conf/model dict).
+    """What the probe needs to know about the model (from the conf/model dict; ``probe.*`` keys
+    may sit at the top level or under ``emulator.probe``).
 
     Attributes:
         num_layers: target decoder layers (``emulator.num_layers``).
@@ -133,7 +134,7 @@ def model_geometry(model_cfg: Mapping[str, Any]) -> ModelGeometry:
         ValueError: ``emulator.num_layers`` missing or not a positive int.
     """
     emu = model_cfg.get("emulator") or {}
-    probe = model_cfg.get("probe") or {}
+    probe = model_cfg.get("probe") or emu.get("probe") or {}
     n = probe.get("num_layers", emu.get("num_layers"))
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"model.emulator.num_layers: a positive int is needed for a probe (got {n!r})")

@@ -121,6 +121,8 @@ def test_probe_layers_other_geometries():
     assert probe_layers(DENSE, {"speculative": "eagle3"}, "vllm") == 7
     three_dense = {**KIMI, "probe": {"first_k_dense": 3}}
     assert probe_layers(three_dense, {}) == 4
+    under_emulator = {**KIMI, "emulator": {**KIMI["emulator"], "probe": {"first_k_dense": 3}}}
+    assert probe_layers(under_emulator, {}) == 4
     explicit = {**KIMI, "probe": {"draft_aux_layer_ids": [1, 29, 57]}}
     assert probe_layers(explicit, {"speculative": "eagle3"}, "vllm") == 59
     tiny = {"emulator": {"num_layers": 2, "num_moe_layers": 0}}
