@@ -99,7 +99,10 @@ def new_result(backend: Backend, spec: TrialSpec,
 def _failure(res: TrialResult, log: str, exit_code: int | None, phase: str, harness_class: str | None) -> TrialResult:
     c = classify(redact_text(log), exit_code, phase)  # the signature leaves the node: classify the redacted log
     cls, sig = c.failure_class, c.signature
-    if harness_class and (cls in ("unknown", "startup_timeout", "server_crash") or c.kind == "perf"):
+    # a server_crash the log names (a decisive line, e.g. vLLM's EngineDeadError under an API
+    # server that then exits 0) outranks the harness's view; the exit-code fallback does not
+    generic = cls in ("unknown", "startup_timeout") or (cls == "server_crash" and not c.line)
+    if harness_class and (generic or c.kind == "perf"):
         cls = harness_class
         sig = sig or harness_class
     res.status = "infra_error" if KIND.get(cls) == "infra" else "failed"
