@@ -1,0 +1,165 @@
+"""tasks.load_search: the knee of synthetic monotone latency curves, the incumbent early stop,
+never-meets -> 0, and a search over the instant-mode scheduler simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tasks.emulator.batch_sim import simulate
+from tasks.emulator.scheduler import SchedulerConfig
+from tasks.load_search import LoadSearchResult, Slo, max_rate_at_slo
+from tasks.serving_metrics import summarize
+from tasks.workloads import build_requests, parse_workload
+
+SLO = Slo(ttft_ms_p99=1000, tpot_ms_p99=50)
+CAPS = np.geomspace(0.5, 40, 25)
+RANGES = [(0.1, 100.0), (0.5, 50.0)]
+
+
+def queue_curve(cap):
+    """p99s of a queue: TTFT ~ 1 / (1 - rho), TPOT grows with the batch; saturated above cap."""
+    def measure(r):
+        rho = r / cap
+        ttft = 100 / (1 - rho) if rho < 1 else 5000 * rho
+        return {"ttft_ms_p99": ttft, "tpot_ms_p99": 20 * (1 + 0.5 * min(rho, 1.2)),
+                "request_throughput_req_s": min(r, 0.99 * cap)}
+    return measure
+
+
+def linear_tpot(k):
+    return lambda r: {"ttft_ms_p99": 100.0, "tpot_ms_p99": 10 + 40 * r / k}
+
+
+def kinked_ttft(knee):
+    return lambda r: {"ttft_ms_p99": 300 + max(0.0, r - knee) * 5000, "tpot_ms_p99": 30 + 2 * r / knee,
+                      "request_throughput_req_s": min(r, 1.2 * knee)}
+
+
+def truth(measure, lo, hi):
+    """The exact knee by 100 bisections (what the search must bracket)."""
+    ok = lambda r: SLO.ratio(measure(r)) <= 1  # noqa: E731
+    if not ok(lo):
+        return 0.0
+    if ok(hi):
+        return hi
+    a, b = lo, hi
+    for _ in range(100):
+        m = math.sqrt(a * b)
+        a, b = (m, b) if ok(m) else (a, m)
+    return a
+
+
+def counted(measure):
+    """``measure`` that records the rates it was asked for (``m.raw`` does not)."""
+    calls = []
+
+    def m(r):
+        calls.append(r)
+        return measure(r)
+    m.raw = measure
+    return m, calls
+
+
+def check(res: LoadSearchResult, t: float, calls: list) -> float:
+    """The result brackets the true knee; returns the bracket's width (failed / met)."""
+    assert len(res.levels) == len(calls) <= 6
+    assert res.max_rate_at_slo_req_s <= t * (1 + 1e-9)
+    assert all(lv.met == (SLO.ratio(lv.metrics) <= 1) for lv in res.levels)
+    if t == 0.0 or res.capped:  # the knee is outside the range: reported as 0 or the bound
+        assert res.max_rate_at_slo_req_s == t
+        return 1.0
+    assert res.failed_at_req_s >= t * (1 - 1e-9)
+    return res.failed_at_req_s / res.max_rate_at_slo_req_s
+
+
+@pytest.mark.parametrize("lo, hi", RANGES)
+def test_queueing_curves_knee_within_5_percent_in_6_levels(lo, hi):
+    for cap in CAPS:
+        f, calls = counted(queue_curve(cap))
+        res = max_rate_at_slo(f, SLO, rate_lo=lo, rate_hi=hi)
+        knee = truth(f.raw, lo, hi)
+        assert check(res, knee, calls) <= 1.05, (cap, [(lv.rate_req_s, lv.met) for lv in res.levels])
+        assert res.converged() or knee == 0.0
+
+
+@pytest.mark.parametrize("lo, hi", RANGES)
+def test_other_monotone_shapes_are_bracketed(lo, hi):
+    for k in CAPS:
+        for curve, width in ((linear_tpot(k), 1.16), (kinked_ttft(k), 1.30)):
+            f, calls = counted(curve)
+            assert check(max_rate_at_slo(f, SLO, rate_lo=lo, rate_hi=hi), truth(f.raw, lo, hi), calls) <= width
+
+
+def test_never_meets_reports_zero():
+    f, calls = counted(lambda r: {"ttft_ms_p99": 5000.0, "tpot_ms_p99": 10.0})
+    res = max_rate_at_slo(f, SLO, rate_lo=0.5, rate_hi=50)
+    assert res.max_rate_at_slo_req_s == 0.0
+    assert res.failed_at_req_s == pytest.approx(0.5)
+    assert len(calls) == 2 and not res.converged()
+
+
+def test_always_meets_is_capped_at_the_range():
+    res = max_rate_at_slo(lambda r: {"ttft_ms_p99": 1.0, "tpot_ms_p99": 1.0}, SLO, rate_lo=0.5, rate_hi=50)
+    assert res.capped and res.max_rate_at_slo_req_s == pytest.approx(50) and len(res.levels) == 2
+
+
+def test_incumbent_failure_stops_at_once():
+    f, calls = counted(queue_curve(4.0))
+    res = max_rate_at_slo(f, SLO, rate_lo=0.5, rate_hi=50, incumbent_rate=8.0)
+    assert calls == [pytest.approx(8.0)]
+    assert res.stopped_at_incumbent
+    assert res.max_rate_at_slo_req_s == 0.0 and res.failed_at_req_s == pytest.approx(8.0)
+
+
+def test_incumbent_passed_keeps_searching_above_it():
+    f, calls = counted(queue_curve(20.0))
+    res = max_rate_at_slo(f, SLO, rate_lo=0.5, rate_hi=50, incumbent_rate=8.0)
+    assert calls[0] == pytest.approx(8.0) and not res.stopped_at_incumbent
+    assert res.max_rate_at_slo_req_s > 8.0
+    assert check(res, truth(f.raw, 0.5, 50), calls) <= 1.05
+
+
+def test_failed_requests_fail_the_level_and_curve_is_sorted():
+    def f(r):
+        return {"ttft_ms_p99": 10.0, "tpot_ms_p99": 10.0, "completed": 99.0, "failed": 1.0 if r > 5 else 0.0}
+    res = max_rate_at_slo(f, SLO, rate_lo=0.5, rate_hi=50)
+    assert res.max_rate_at_slo_req_s <= 5 < res.failed_at_req_s
+    rates = [r for r, _ in res.curve()]
+    assert rates == sorted(rates) and len(rates) == len(res.levels)
+    lenient = Slo(ttft_ms_p99=1000, tpot_ms_p99=50, max_failed_fraction=0.05)
+    assert max_rate_at_slo(f, lenient, rate_lo=0.5, rate_hi=50).capped
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="rate_lo < rate_hi"):
+        max_rate_at_slo(lambda r: {}, SLO, rate_lo=5, rate_hi=1)
+    with pytest.raises(ValueError, match="max_levels"):
+        max_rate_at_slo(lambda r: {}, SLO, rate_lo=1, rate_hi=5, max_levels=1)
+    with pytest.raises(ValueError, match="slo.tpot_ms_p99"):
+        Slo(ttft_ms_p99=1, tpot_ms_p99=0)
+    assert SLO.ratio({"ttft_ms_p99": 1.0}) == math.inf  # a missing metric never meets
+
+
+def test_search_over_the_scheduler_simulation():
+    """The instant-mode use: each level simulates 200 Poisson requests on the batching model."""
+    cfg = SchedulerConfig(max_running_requests=32, max_total_tokens=400_000, chunked_prefill_size=4096)
+    step = lambda b, p: 0.006 + 0.0004 * b + 1.5e-5 * p  # noqa: E731
+    w = parse_workload({"num_requests": 200, "arrival": {"kind": "poisson", "rate_req_s": 1.0}, "seed": 1,
+                        "prompt_len": {"kind": "uniform", "low": 200, "high": 2000}, "output_len": 128})
+
+    def measure(rate):
+        plan = build_requests(w.at_rate(rate))
+        res = simulate(plan.requests, cfg, step)
+        return summarize(res.records(), res.duration_s)
+
+    slo = Slo(ttft_ms_p99=500, tpot_ms_p99=20)
+    res = max_rate_at_slo(measure, slo, rate_lo=1.0, rate_hi=200.0)
+    assert 1.0 < res.max_rate_at_slo_req_s < 200.0 and len(res.levels) <= 6
+    # the curve is monotone enough that every measured rate below the answer met the SLO
+    assert all(lv.met for lv in res.levels if lv.rate_req_s <= res.max_rate_at_slo_req_s)
+    assert res.failed_at_req_s <= res.max_rate_at_slo_req_s * 1.25
+    tput = [m["output_throughput_tok_s"] for _, m in res.curve()]
+    assert tput[-1] > tput[0]  # the throughput-latency curve: more load, more tokens
