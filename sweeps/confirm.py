@@ -200,12 +200,13 @@ def _jobs(driver: Any, todo: list[tuple[R.TrialRecord, bool]], repeats: int,
           extra_env: Mapping[str, Mapping[str, str]] | Callable[[dict], Mapping[str, str]] | None,
           ) -> list[tuple[int, TrialSpec, dict[str, Any] | None]]:
     """One fresh launch per (config, repeat): ``(config index, spec, profile with its own noise seed)``."""
-    from tasks.knobs import render_launch
+    from tasks.backends import get_backend
 
     spec = driver.spec
     jobs: list[tuple[int, TrialSpec, dict[str, Any] | None]] = []
     for idx, (r, _) in enumerate(todo):
-        argv, env, expected = render_launch(r.params, spec.node.model_dump(), spec.model.model_dump(), driver.backend)
+        argv, env, expected = get_backend(spec.backend.kind).render(r.params, spec.node.model_dump(),
+                                                                    spec.model.model_dump(), driver.backend)
         env = dict(env)
         if extra_env is not None:
             env.update(extra_env(r.params) if callable(extra_env) else extra_env.get(R.config_key(r.params), {}))

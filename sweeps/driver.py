@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -32,7 +31,6 @@ from sweeps.loop import Driver, InFlight
 from sweeps.preflight import emulator_profile, sweep_errors
 from sweeps.space import seed_configs
 from sweeps.study import SPACE_ATTR, SweepError, make_sampler, open_study, space_signature
-from tasks.knobs import render_launch
 
 __all__ = ["EXIT_INTERRUPTED", "SPACE_ATTR", "Driver", "InFlight", "SweepError", "dry_run", "emulator_profile",
            "execute", "make_sampler", "open_study", "run", "space_signature"]
@@ -44,15 +42,18 @@ def dry_run(spec: SweepSpec) -> int:
     """Render and validate launch commands without launching anything; prints them.
 
     Renders the baseline, the seed trials and ``dry_run_sample`` sampled feasible configs
-    (default: the sweep's trial budget), and validates every argv in one batch with SGLang's
-    own parser (``tasks.sglang_cli.check_many``): in-process when SGLang is importable,
-    else with ``backend.python`` or the contract venv's interpreter.
+    (default: the sweep's trial budget), and validates every argv in one batch with the engine's
+    own parser (``Backend.validate``: SGLang in-process, ``backend.python`` or the contract venv;
+    vLLM in ``backend.python``).
 
     Returns:
-        0 when every command is valid, 2 when SGLang's parser rejected any.
+        0 when every command is valid, 2 when the engine's parser rejected any.
     """
-    from tasks.sglang_cli import SGLangUnavailable, check_many
+    from tasks.backends import get_backend
     from tasks.trial import launch_command
+
+    be = get_backend(spec.backend.kind)
+    engine = {"sglang": "SGLang", "vllm": "vLLM"}.get(be.engine, be.engine)
 
     t0 = time.monotonic()
     space = spec.space
@@ -71,29 +72,24 @@ def dry_run(spec: SweepSpec) -> int:
             configs.append(cfg)
     rendered = []
     for cfg in configs:
-        argv, env, _ = render_launch(cfg, spec.node.model_dump(), spec.model.model_dump(), backend_dict(spec))
+        argv, env, _ = be.render(cfg, spec.node.model_dump(), spec.model.model_dump(), backend_dict(spec))
         rendered.append(([sys.executable if a == "{python}" else a for a in argv], env))
-    python = spec.backend.python
-    contract_py = Path(__file__).resolve().parent.parent / ".contract-venv" / "bin" / "python"
-    if python is None and contract_py.exists():
-        python = str(contract_py)
     checked: list[dict[str, Any]] | None = None
-    if spec.backend.kind in ("sglang", "emulated"):
-        try:
-            checked = check_many([a for a, _ in rendered], python=python)
-        except SGLangUnavailable:
-            print("warning: commands NOT validated: SGLang is not importable here. Install it (pip install -e "
-                  "'.[sglang]'), set backend.python=<interpreter that has it>, or run `make contract-env`.",
-                  file=sys.stderr)
+    if be.launches_server:
+        checked = be.validate([a for a, _ in rendered], backend_dict(spec))
+        if checked is None:
+            print(f"warning: commands NOT validated: {engine}'s parser is not available here. Set "
+                  f"backend.python=<interpreter that has {engine}>, or build its env (`make contract-env` for "
+                  f"SGLang, `make vllm-env` for vLLM).", file=sys.stderr)
     bad = 0
     for i, (argv, env) in enumerate(rendered):
         status = "rendered"
         if checked is not None:
             ok = checked[i].get("ok")
-            status = "valid" if ok else f"REJECTED by SGLang's parser: {checked[i].get('error')}"
+            status = "valid" if ok else f"REJECTED by {engine}'s parser: {checked[i].get('error')}"
             bad += not ok
         print(f"[{status}] {launch_command(argv, env)}")
-    what = "validated with SGLang's parser" if checked is not None else "not validated"
+    what = f"validated with {engine}'s parser" if checked is not None else "not validated"
     print(f"{len(rendered)} launch commands rendered ({what}), {bad} rejected, in {time.monotonic() - t0:.1f} s; "
           f"nothing was launched (dry_run=true).")
     return 2 if bad else 0

@@ -27,7 +27,7 @@ from sweeps.executor import Executor, RayExecutor, collect, retry_reason
 from sweeps.preflight import check_launcher, emulator_profile, ensure_writable
 from sweeps.publish import Publisher, guard
 from sweeps.space import SearchSpace
-from tasks.knobs import render_launch
+from tasks.backends import get_backend
 from tasks.types import TrialResult, TrialSpec
 
 log = logging.getLogger("servesweep")
@@ -235,8 +235,8 @@ class Driver:
     def _launch(self, trial: optuna.trial.Trial, params: dict[str, Any]) -> None:
         """Render a config's launch and submit it (an unrenderable config is told infeasible)."""
         try:
-            argv, env, expected = render_launch(params, self.spec.node.model_dump(), self.spec.model.model_dump(),
-                                                self.backend)
+            argv, env, expected = get_backend(self.spec.backend.kind).render(
+                params, self.spec.node.model_dump(), self.spec.model.model_dump(), self.backend)
         except ValueError as e:
             self._answer(trial, gates.infeasible_skip([str(e)]))
             return

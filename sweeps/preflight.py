@@ -1,5 +1,5 @@
 """Checks and inputs a sweep needs before its first trial: writable stores, a launcher
-that exists, and the emulator profile of the emulated / instant backends."""
+that exists, and the emulator profile of an emulated backend."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import shutil
 import sys
 from typing import Any
 
-from sweeps.config import ConfigError, SweepSpec
+from sweeps.config import ConfigError, SweepSpec, backend_dict
 from sweeps.study import SweepError
+from tasks.backends import get_backend
 
 
 def sweep_errors() -> tuple[type[BaseException], ...]:
@@ -19,14 +20,10 @@ def sweep_errors() -> tuple[type[BaseException], ...]:
 
 
 def emulator_profile(spec: SweepSpec) -> dict[str, Any] | None:
-    """The ``{"node", "model", "emulator"}`` profile the emulated server / instant model read."""
-    if spec.backend.kind not in ("emulated", "instant"):
-        return None
-    from tasks.emulator.profile import build_profile
-
-    emu = dict(spec.backend.emulator)
-    emu.setdefault("sglang_version", spec.backend.sglang_version)
-    return build_profile(spec.node.model_dump(), spec.model.model_dump(), emu)
+    """The ``{"node", "model", "emulator"}`` profile the emulated server / instant model read
+    (``Backend.profile``); None for a real engine."""
+    return get_backend(spec.backend.kind).profile(spec.node.model_dump(), spec.model.model_dump(),
+                                                  backend_dict(spec))
 
 
 def ensure_writable(spec: SweepSpec) -> None:
@@ -50,7 +47,7 @@ def check_launcher(spec: SweepSpec) -> None:
     Raises:
         SweepError: ``backend.launcher[0]`` is not an executable on PATH.
     """
-    if spec.backend.kind == "instant" or spec.ray.address or not spec.backend.launcher:
+    if not get_backend(spec.backend.kind).launches_server or spec.ray.address or not spec.backend.launcher:
         return
     exe = sys.executable if spec.backend.launcher[0] == "{python}" else spec.backend.launcher[0]
     if shutil.which(exe) is None:

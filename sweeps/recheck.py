@@ -83,18 +83,19 @@ def recheck_study_name(source: str, fingerprint: dict[str, Any]) -> str:
 def current_fingerprint(spec: SweepSpec) -> dict[str, str]:
     """The fingerprint of the node the recheck will run on.
 
-    Emulated/instant: the profile's (``backend.emulator.fingerprint`` overrides the node's),
-    computed here. Real nodes: a GPU-less Ray task on the cluster (starts/joins Ray).
+    An emulated backend (one with a profile): the profile's (``backend.emulator.fingerprint``
+    overrides the node's), computed here. Real nodes: a GPU-less Ray task on the cluster (starts/joins Ray).
 
     Raises:
         SweepError: the fingerprint has none of the keys rules are keyed by.
     """
     from sweeps.rules import fingerprint_hash
 
-    if spec.backend.kind in ("emulated", "instant"):
-        from tasks.trial import node_fingerprint
+    profile = emulator_profile(spec)
+    if profile is not None:  # an emulated node: its declared stack, computed here
+        from tasks.backends import get_backend
 
-        fp = node_fingerprint(spec.backend.kind, emulator_profile(spec))
+        fp = get_backend(spec.backend.kind).fingerprint(profile, None)
     else:
         import ray
 
