@@ -15,8 +15,11 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
+from tasks.emulator.eagle import accepted_from_uniform
 from tasks.emulator.flags import LaunchArgError
-from tasks.emulator.model import accepted_from_uniform, evaluate, evaluate_argv, parse_launch, run_factor
+from tasks.emulator.launch import parse_launch
+from tasks.emulator.model import evaluate, evaluate_argv
+from tasks.emulator.physics import run_factor
 from tasks.stats import percentile
 from tasks.types import BenchSpec
 

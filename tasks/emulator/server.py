@@ -29,9 +29,13 @@ from pathlib import Path
 
 from aiohttp import web
 
+from tasks.emulator.eagle import accepted_from_uniform
 from tasks.emulator.flags import LaunchArgError
 from tasks.emulator.http_api import HttpApi
-from tasks.emulator.model import LaunchConfig, Prediction, accepted_from_uniform, evaluate, parse_launch, run_factor
+from tasks.emulator.launch import LaunchConfig, parse_launch
+from tasks.emulator.model import evaluate
+from tasks.emulator.physics import run_factor
+from tasks.emulator.prediction import Prediction
 from tasks.emulator.profile import profile_from_env
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
