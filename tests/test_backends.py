@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sweeps.config import ConfigError, backend_dict, load_spec
-from tasks.backends import available_backends, get_backend
+from tasks.backends import available_backends, check_kind, get_backend
 from tasks.backends.base import Backend, Launch
 from tasks.knobs import render_launch
 from tests.conftest import compose_cfg
@@ -26,6 +26,9 @@ def test_lookup_lists_backends_not_helpers_and_names_the_field():
         assert isinstance(be, Backend) and be.kind == k
     with pytest.raises(ValueError, match=r"backend.kind='nope'.*available: .*emulated.*sglang"):
         get_backend("nope")
+    assert check_kind("sglang") == "sglang"
+    with pytest.raises(ValueError, match="unknown backend kind 'nope'; available: .*instant"):
+        check_kind("nope")
 
 
 def test_config_refuses_an_unknown_backend_kind():

@@ -43,6 +43,17 @@ def available_backends() -> tuple[str, ...]:
     return tuple(sorted(kinds))
 
 
+def check_kind(kind: str) -> str:
+    """``kind`` itself when it is a backend kind (a pydantic ``AfterValidator`` for ``backend.kind``).
+
+    Raises:
+        ValueError: ``kind`` is not one of :func:`available_backends` (names them).
+    """
+    if kind not in available_backends():
+        raise ValueError(f"unknown backend kind {kind!r}; available: {', '.join(available_backends())}")
+    return kind
+
+
 def get_backend(kind: str) -> Backend:
     """The backend for ``backend.kind`` (imports ``tasks.backends.<kind>``; its ``BACKEND``).
 
@@ -50,8 +61,7 @@ def get_backend(kind: str) -> Backend:
         ValueError: ``kind`` is not one of :func:`available_backends` (the message names
             ``backend.kind`` and the available kinds).
     """
-    kinds = available_backends()
-    if kind not in kinds:
-        raise ValueError(f"backend.kind={kind!r} is not a backend; available: {', '.join(kinds)} "
+    if kind not in available_backends():
+        raise ValueError(f"backend.kind={kind!r} is not a backend; available: {', '.join(available_backends())} "
                          f"(one module per backend in tasks/backends/)")
     return importlib.import_module(f"tasks.backends.{kind}").BACKEND
