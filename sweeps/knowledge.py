@@ -153,10 +153,16 @@ class KnowledgeEntry(BaseModel):
 
     def rule_row(self) -> dict[str, Any]:
         """A row for ``python -m sweeps.rules list`` (origin ``shipped``)."""
-        return {"origin": "shipped", "id": self.id, "failure_class": self.failure_class,
-                "knobs": {k: list(v) for k, v in self.knobs.items()}, "applies_to": self.applies_to.model_dump(
-                    exclude_none=True, exclude_defaults=True), "source": self.sources[0].url,
-                "fixed_by": [f"{f.version} ({f.url})" for f in self.fixed_by], "file": self.file}
+        return {
+            "origin": "shipped",
+            "id": self.id,
+            "failure_class": self.failure_class,
+            "knobs": {k: list(v) for k, v in self.knobs.items()},
+            "applies_to": self.applies_to.model_dump(exclude_none=True, exclude_defaults=True),
+            "source": self.sources[0].url,
+            "fixed_by": [f"{f.version} ({f.url})" for f in self.fixed_by],
+            "file": self.file,
+        }
 
 
 def _cc_from_arch(arch: Any) -> str | None:
