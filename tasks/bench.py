@@ -1,6 +1,6 @@
 """Benchmark client over SGLang's native streaming ``/generate`` (token ids, no tokenizer).
 
-Metric definitions (DESIGN.md § Metrics; ITL follows ``sglang.bench_serving``: the gap
+Metric definitions (ITL follows ``sglang.bench_serving``: the gap
 between successive content chunks):
 
 * TTFT (ms): request sent -> first chunk carrying output tokens.

@@ -32,7 +32,7 @@ PACKAGES: dict[str, tuple[str, ...]] = {
 }
 
 #: Keys that identify the stack for failure rules (pieces not listed here, e.g. GPU count,
-#: are informative only). Source: DESIGN.md § Failure knowledge.
+#: are informative only): a rule learned on one stack must not apply after an upgrade.
 HASH_KEYS: tuple[str, ...] = (
     "gpu_name",
     "compute_capability",

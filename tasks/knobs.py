@@ -26,7 +26,8 @@ FLAGS_LEGACY: FlagSet = flags_from_table("0.5.10")
 FLAGS = FLAGS_0_5_23
 
 # Allreduce level -> the flags (logical ids) that pin its path: explicit on/off switches, since
-# SGLang turns paths on or off by itself (DESIGN.md § Knobs).
+# SGLang turns paths on or off by itself (custom allreduce off on PCIe with TP > 2, FlashInfer
+# fusion on for some MoE models), so every level names each switch.
 ALLREDUCE_FLAGS: dict[str, tuple[str, ...]] = {
     "nccl": ("disable_custom_all_reduce", "enforce_disable_flashinfer_allreduce_fusion"),
     "custom": ("enforce_disable_flashinfer_allreduce_fusion",),

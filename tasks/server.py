@@ -2,9 +2,9 @@
 
 One readable context manager, :func:`launched_server`::
 
-    with reserve_ports(2) as ports, launched_server(argv, env, log_path, ports, timeouts) as srv:
+    with reserve_ports(2) as ports, launched_server(argv, env, log_path, base_url, timeouts) as srv:
         srv.wait_healthy()
-        ...benchmark http://127.0.0.1:{ports[0]}...
+        ...benchmark base_url (http://127.0.0.1:{ports[0]})...
     # leaving the block kills the whole process tree (SIGTERM -> grace -> SIGKILL)
 
 Modelled on SGLang's ``popen_launch_server`` / ``kill_process_tree`` and the Ray docs on

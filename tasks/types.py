@@ -103,7 +103,7 @@ class TrialResult:
         metrics: ``decode_tok_s`` (objective, tok/s), ``output_tok_s`` (tok/s),
             ``ttft_ms_p50``, ``itl_ms_p50``, ``itl_ms_p99`` (ms), ``accept_length``
             (tokens per verify; 1.0 without speculation), ``e2e_s_p50`` (s).
-        failure_class: canonical class id (``shared/data/failure_classes.md``) or None.
+        failure_class: canonical class id (a key of ``tasks.failures.KIND``) or None.
         failure_kind: ``deterministic`` | ``transient`` | ``infra`` | ``perf`` or None.
         failure_signature: the decisive log line with numbers/paths masked.
         phase: lifecycle phase where the failure happened.

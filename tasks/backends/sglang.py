@@ -38,7 +38,7 @@ class SGLangBackend(Backend):
     checks_gpus = True
     ports = ("port", "nccl_port")
     # /health answered 200 without generating in older releases; /health_generate runs a
-    # 1-token generation (shared/data/failure_taxonomy.md § 5).
+    # 1-token generation, so a 200 means the model serves.
     health_path = "/health_generate"
     known_knobs = KNOWN_KNOBS
     int_knobs = INT_KNOBS
