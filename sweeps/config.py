@@ -16,8 +16,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from sweeps.objective import ObjectiveSet, check_constraints, check_directions, check_objective_names
 from sweeps.space import SearchSpace, SpaceError, any_feasible, parse_space
-from tasks.backends import available_backends
-from tasks.knobs import KNOWN_KNOBS, KnobError, render_launch
+from tasks.backends import available_backends, get_backend
+from tasks.knobs import KNOWN_KNOBS, KnobError
 from tasks.types import BenchSpec, Timeouts
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -32,9 +32,11 @@ class _Model(BaseModel):
 
 
 class NodeConfig(_Model):
-    """A GPU node type (conf/node/*.yaml)."""
+    """A node type (conf/node/*.yaml). ``device: cpu`` marks a CPU-only node (real vLLM on CPU):
+    preflight skips its NVML/GPU checks, and ``gpus`` is then its number of trial slots."""
 
     name: str
+    device: Literal["gpu", "cpu"] = "gpu"
     gpus: int = Field(ge=1, le=64)
     gpu_name: str
     compute_capability: str
@@ -68,15 +70,14 @@ class BackendConfig(_Model):
     """How trials are launched (conf/backend/*.yaml).
 
     ``launcher`` is the argv prefix; the token ``{python}`` is replaced on the node by
-    the Ray worker's interpreter. ``kind`` is ``emulated`` (emulated server process),
-    ``sglang`` (real server) or ``instant`` (the emulator's model evaluated in-process:
-    no server, for benchmarks of the driver).
+    the Ray worker's interpreter. ``kind`` names a backend module of :mod:`tasks.backends`.
     """
 
     kind: str
     launcher: list[str] = Field(min_length=1)
     tp_size: int | None = Field(default=None, ge=1)
     sglang_version: str = "0.5.23"
+    vllm_version: str = "0.32.0"
     python: str | None = None
     container_name: str | None = None
     extra_args: list[str] = Field(default_factory=list)
@@ -145,8 +146,7 @@ class SweepConfig(_Model):
 
     name: str = Field(min_length=1)
     description: str = ""
-    #: any metric a trial logs (decode_tok_s, output_tok_s, ttft_ms_p50, itl_ms_p99, ...), or a
-    #: list of them for a multi-objective study; ``direction``: one, or one per objective.
+    #: any metric a trial logs (or a list: multi-objective); ``direction``: one, or one per objective
     objective: Annotated[str | list[str], AfterValidator(check_objective_names)] = "decode_tok_s"
     direction: Annotated[str | list[str], AfterValidator(check_directions)] = "maximize"
     #: constraints on other metrics, e.g. ``["ttft_ms_p99 <= 2000"]``: a trial violating one is never best
@@ -177,11 +177,6 @@ class SweepConfig(_Model):
             raise ValueError(f"sweep.direction has {len(self.direction)} entries for {n} objective(s); "
                              f"give one per objective (or a single direction)")
         return self
-
-    @property
-    def objective_set(self) -> ObjectiveSet:
-        """The objectives (with ``objective_constraints`` on the primary one)."""
-        return ObjectiveSet.from_config(self.objective, self.direction, self.objective_constraints)
 
 
 class TrackingConfig(_Model):
@@ -249,8 +244,10 @@ class SweepSpec(_Model):
 
     @property
     def objective_set(self) -> ObjectiveSet:
-        """What the sweep optimises (:class:`sweeps.objective.ObjectiveSet`); ``.primary`` ranks trials."""
-        return self.sweep.objective_set
+        """What the sweep optimises (:class:`sweeps.objective.ObjectiveSet`; ``objective_constraints``
+        on the primary, which ranks trials)."""
+        sw = self.sweep
+        return ObjectiveSet.from_config(sw.objective, sw.direction, sw.objective_constraints)
 
     def bench_spec(self) -> BenchSpec:
         return BenchSpec(**self.bench.model_dump())
@@ -319,9 +316,10 @@ def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
         space = spec.space
     except SpaceError as e:
         raise ConfigError(f"sweep.{e}") from None
-    unknown = [n for n in space.names if n not in KNOWN_KNOBS]
+    known = getattr(get_backend(spec.backend.kind), "known_knobs", KNOWN_KNOBS)
+    unknown = [n for n in space.names if n not in known]
     for n in unknown:
-        problems.append(f"sweep.params.{n}: unknown knob; known knobs: {sorted(KNOWN_KNOBS)}")
+        problems.append(f"sweep.params.{n}: unknown knob; known knobs: {sorted(known)}")
     if spec.sweep.mode == "search" and not unknown:
         named = [("sweep.baseline", spec.sweep.baseline)] + [
             (f"sweep.seed_trials[{i}]", s) for i, s in enumerate(spec.sweep.seed_trials)
@@ -332,7 +330,7 @@ def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
                 bad = space.violated(full)
                 if bad:
                     problems.append(f"{where}: violates constraint(s) {bad}")
-                render_launch(full, spec.node.model_dump(), spec.model.model_dump(), backend_dict(spec))
+                render_trial(spec, full)
             except (SpaceError, KnobError) as e:
                 problems.append(f"{where}: {e}")
         problems += _check_knob_levels(spec, space)
@@ -361,6 +359,8 @@ def _check_knob_levels(spec: SweepSpec, space: SearchSpace) -> list[str]:
     the baseline's other values. A bad level is refused here instead of costing a launch."""
     from tasks.knobs import FLOAT_KNOBS, INT_KNOBS
 
+    be = get_backend(spec.backend.kind)
+    ints, floats = getattr(be, "int_knobs", INT_KNOBS), getattr(be, "float_knobs", FLOAT_KNOBS)
     out: list[str] = []
     try:
         base = space.normalize(spec.sweep.baseline)
@@ -368,22 +368,31 @@ def _check_knob_levels(spec: SweepSpec, space: SearchSpace) -> list[str]:
         base = {}
     for p in space.params:
         where = f"sweep.params.{p.name}"
-        if p.name in INT_KNOBS:
+        if p.name in ints:
             if p.type == "float":
                 out.append(f"{where}: SGLang parses {p.name} as an int; use type: int")
             elif p.type == "categorical" and not all(isinstance(v, int) and not isinstance(v, bool) for v in p.choices):
                 out.append(f"{where}.choices: {p.name} takes whole numbers only (got {list(p.choices)})")
-        if p.name in FLOAT_KNOBS and p.type == "categorical" and not all(
+        if p.name in floats and p.type == "categorical" and not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in p.choices):
             out.append(f"{where}.choices: {p.name} takes numbers only (got {list(p.choices)})")
         if p.type == "categorical" and base:
             for level in p.choices:
                 try:
-                    render_launch({**base, p.name: level}, spec.node.model_dump(), spec.model.model_dump(),
-                                  backend_dict(spec))
+                    render_trial(spec, {**base, p.name: level})
                 except KnobError as e:
                     out.append(f"{where}.choices: level {level!r}: {e}")
     return out
+
+
+def render_trial(spec: SweepSpec, params: Mapping[str, Any]) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """``(argv, env, expected)`` for ``params`` from the sweep's backend (``Backend.render``).
+
+    Raises:
+        tasks.knobs.KnobError: the backend cannot render a knob or level (names it).
+    """
+    be = get_backend(spec.backend.kind)
+    return tuple(be.render(params, spec.node.model_dump(), spec.model.model_dump(), backend_dict(spec)))
 
 
 def backend_dict(spec: SweepSpec) -> dict[str, Any]:
