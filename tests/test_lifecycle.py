@@ -7,11 +7,12 @@ import time
 
 import psutil
 import pytest
+from filelock import FileLock, Timeout
 
 from sweeps.config import backend_dict, load_spec
-from sweeps.driver import emulator_profile
+from tasks.backends import get_backend
 from tasks.knobs import render_launch
-from tasks.server import reserve_ports
+from tasks.server import PORT_LOCK_DIR, reserve_ports
 from tasks.trial import run_trial
 from tasks.types import BenchSpec, Timeouts, TrialSpec
 from tests.conftest import compose_cfg
@@ -24,7 +25,7 @@ FAST_BENCH = BenchSpec(input_len=16, output_len=32, warmup_requests=1, warmup_ou
 @pytest.fixture(scope="module")
 def base():
     spec = load_spec(compose_cfg(["backend.emulator.time_scale=0.002"]))
-    return spec, emulator_profile(spec)
+    return spec, get_backend(spec.backend.kind).profile(spec.node.model_dump(), spec.model.model_dump(), backend_dict(spec))
 
 
 def _trial(base, params, env=None, bench=FAST_BENCH, timeouts=None, tmp_path=None, **emu):
@@ -115,6 +116,23 @@ def test_missing_launcher_is_a_clear_failure(base, tmp_path):
 def test_reserved_ports_are_distinct_and_exclusive():
     with reserve_ports(3) as a, reserve_ports(3) as b:
         assert len(set(a)) == 3 and not set(a) & set(b)
+        with pytest.raises(Timeout):  # held: another reservation cannot take it
+            FileLock(PORT_LOCK_DIR / f"{a[0]}.lock", timeout=0).acquire()
+    lock = FileLock(PORT_LOCK_DIR / f"{a[0]}.lock", timeout=0)
+    lock.acquire()  # released when the block ends
+    lock.release()
+
+
+def test_renamed_flag_version_serves(tmp_path):
+    """SGLang 0.5.20 (--cuda-graph-max-bs-decode, no old alias): the emulated server takes the
+    rendered launch and serves, through the whole lifecycle."""
+    spec = load_spec(compose_cfg(["backend.emulator.time_scale=0.002", "backend.sglang_version=0.5.20"]))
+    be = get_backend("emulated")
+    profile = be.profile(spec.node.model_dump(), spec.model.model_dump(), backend_dict(spec))
+    res, left = _trial((spec, profile), NCCL, tmp_path=tmp_path)
+    assert res.status == "ok", (res.failure_class, res.log_tail[-600:])
+    assert "--cuda-graph-max-bs-decode 128" in res.launch_command
+    assert left == []
 
 
 def test_benchmark_time_limit_is_enforced(base, tmp_path):
