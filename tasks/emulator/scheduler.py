@@ -108,11 +108,10 @@ class _Req:
         self.segs: list[tuple[float, float, int, np.ndarray | None]] = []  # (t0, dt, steps, counts)
         self.first_s = self.finish_s = math.nan
         self.error = ""
-        self._chunks: tuple[np.ndarray, np.ndarray] | None = None
+        self._chunks: tuple[int, np.ndarray, np.ndarray] | None = None  # (segments seen, times, counts)
 
     def emit(self, t0: float, dt: float, k: int, counts: np.ndarray | None) -> None:
         self.segs.append((t0, dt, k, counts))
-        self._chunks = None
         if math.isnan(self.first_s):
             self.first_s = t0
 
@@ -136,7 +135,8 @@ class BatchScheduler:
         self.kv_used = 0
         self.steps = 0
         self._rng = np.random.default_rng(accept.seed if accept else 0)
-        self._cycle = 0
+        self._cycle = 0  # position in the accept cycle, or in the pool of iid draws
+        self._pool = np.empty(0, dtype=np.int64)
 
     # --- client side --------------------------------------------------------------------
     def submit(self, prompt_len: int, output_len: int, t_s: float) -> int:
@@ -167,13 +167,18 @@ class BatchScheduler:
     def chunks(self, rid: int) -> tuple[np.ndarray, np.ndarray]:
         """(arrival times s, tokens per chunk) of everything ``rid`` emitted so far."""
         r = self.reqs[rid]
-        if r._chunks is None:
-            ts, ns = [], []
-            for t0, dt, k, counts in r.segs:
-                ts.append(t0 + dt * np.arange(k))
-                ns.append(np.ones(k, dtype=np.int64) if counts is None else counts)
-            r._chunks = (np.concatenate(ts), np.concatenate(ns)) if ts else (np.empty(0), np.empty(0, np.int64))
-        return r._chunks
+        if r._chunks is None or r._chunks[0] != len(r.segs):
+            if not r.segs:
+                return np.empty(0), np.empty(0, np.int64)
+            t0, dt, k = (np.array(c) for c in zip(*((s[0], s[1], s[2]) for s in r.segs)))
+            first = np.repeat(np.cumsum(k) - k, k)
+            times = np.repeat(t0, k) + np.repeat(dt, k) * (np.arange(int(k.sum())) - first)
+            if all(s[3] is None for s in r.segs):
+                counts = np.ones(len(times), dtype=np.int64)
+            else:
+                counts = np.concatenate([np.ones(s[2], np.int64) if s[3] is None else s[3] for s in r.segs])
+            r._chunks = (len(r.segs), times, counts)
+        return r._chunks[1], r._chunks[2]
 
     @property
     def busy(self) -> bool:
@@ -246,12 +251,18 @@ class BatchScheduler:
             self.prefilling.append(r)
 
     def _draw(self, b: int, k: int) -> np.ndarray:
-        a = self.accept
-        if a.probs is not None:
-            return self._rng.choice(np.asarray(a.values), size=(b, k), p=np.asarray(a.probs))
-        idx = (self._cycle + np.arange(b * k)) % len(a.values)
-        self._cycle = int((self._cycle + b * k) % len(a.values))
-        return np.asarray(a.values)[idx].reshape(b, k)
+        """A (b, k) block of accept lengths: iid draws from a seeded pool, or the cycle."""
+        a, n = self.accept, b * k
+        if a.probs is None:
+            idx = (self._cycle + np.arange(n)) % len(a.values)
+            self._cycle = int((self._cycle + n) % len(a.values))
+            return np.asarray(a.values)[idx].reshape(b, k)
+        if len(self._pool) - self._cycle < n:
+            fresh = self._rng.choice(np.asarray(a.values), size=max(n, 1 << 16), p=np.asarray(a.probs))
+            self._pool, self._cycle = np.concatenate([self._pool[self._cycle:], fresh]), 0
+        out = self._pool[self._cycle:self._cycle + n].reshape(b, k)
+        self._cycle += n
+        return out
 
     def _retract_until(self, need_per_req: int) -> None:
         """Retract running requests until one more step of ``need_per_req`` tokens each fits."""
@@ -339,8 +350,21 @@ class BatchScheduler:
             fits = np.nonzero(np.cumsum(counts.sum(axis=0)) <= free)[0]
             k = int(min(done_at.min(), (fits[-1] + 1) if len(fits) else 1))
         t0 = self.now + dt
-        for i, r in enumerate(list(batch)):
-            self._gain(r, t0, dt, k, None if counts is None else counts[i, :k])
+        if counts is None:
+            seg = (t0, dt, k, None)
+            for r in batch:  # the hot loop: one segment per request per event
+                r.segs.append(seg)
+                r.emitted += k
+                r.kv += k
+            self.kv_used += k * len(batch)
+        else:
+            rows = counts[:, :k]
+            sums = rows.sum(axis=1).tolist()
+            for r, row, n in zip(batch, rows, sums):
+                r.segs.append((t0, dt, k, row))
+                r.emitted += n
+                r.kv += n
+            self.kv_used += sum(sums)
         self.now, self.steps = self.now + k * dt, self.steps + k
         done = [r for r in self.running if r.emitted >= r.out]
         for r in done:
