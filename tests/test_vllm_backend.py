@@ -98,7 +98,8 @@ def test_engine_args_strip_the_launcher():
 
 def test_paths_taken_reads_vllm_fallback_lines():
     be = get_backend("vllm")
-    log = "WARNING custom_all_reduce.py:271] Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs."
+    log = ("WARNING custom_all_reduce.py:271] Custom allreduce is disabled because it's not supported on more "
+           "than two PCIe-only GPUs.")
     assert be.paths_taken(log, {"allreduce": "custom"}) == ["allreduce_path_degraded"]
     assert be.paths_taken(log, {"allreduce": "nccl"}) == []
     assert be.paths_taken("SymmMemCommunicator: World size 8 not supported, communicator is not available.",
@@ -133,8 +134,8 @@ def test_tiny_model_path_in_the_config_is_the_builders():
 def test_cpu_real_sweep_config_validates_and_has_a_failing_memory_level():
     spec = load_spec(compose_cfg(CPU_REAL))
     assert spec.backend.kind == "vllm" and spec.node.device == "cpu" and spec.bench.concurrency > 1
-    assert {"kv_cache_space_gib": "unset", "gpu_memory_utilization": 0.92}.items() <= next(
-        s for s in spec.sweep.seed_trials if s.get("gpu_memory_utilization") == 0.92).items()
+    assert {"kv_cache_space_gib": "unset", "gpu_memory_utilization": 0.98}.items() <= next(
+        s for s in spec.sweep.seed_trials if s.get("gpu_memory_utilization") == 0.98).items()
     with pytest.raises(ConfigError, match="sweep.params.mem_fraction_static: unknown knob"):
         load_spec(compose_cfg([*CPU_REAL, "+sweep.params.mem_fraction_static={type:categorical,choices:[0.8]}"]))
 
