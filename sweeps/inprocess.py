@@ -46,6 +46,7 @@ class InProcessDriver(Driver):
         super().__init__(spec, study_name)
 
     def make_executor(self) -> Executor:
+        """Trials inline, with the optional ``task_hook``."""
         return InProcessExecutor(str(self.spec.store_dir / "work"), self._task_hook)
 
     def finish(self) -> Any:

@@ -91,14 +91,17 @@ class Driver:
         return RayExecutor.start(self.spec)
 
     def make_publisher(self) -> Publisher:
+        """Trial files, MLflow, findings and progress, per ``track``/``findings``/``quiet``."""
         return Publisher(self.spec, self.study_name, track=self.track, findings=self.findings, quiet=self.quiet)
 
     @property
     def tracker(self) -> Any:
+        """The MLflow :class:`~sweeps.tracking.Tracker` (None while MLflow is down)."""
         return self.publisher.tracker
 
     @property
     def max_inflight(self) -> int:
+        """Trials in flight at once: the executor's slots."""
         return self.executor.slots
 
     # ---- setup ------------------------------------------------------------------------

@@ -198,16 +198,19 @@ class RecheckPublisher(Publisher):
         self.driver = driver
 
     def not_rerun(self) -> list[DeadEnd]:
+        """The dead ends learned on this environment (listed, not re-run)."""
         return getattr(self.driver, "not_rerun", [])
 
     def write_findings(self, study: optuna.Study, recs: list[R.TrialRecord], fingerprint: dict[str, str],
                        rules: Any) -> None:
+        """The recheck report (markdown) at the findings path."""
         with guard("write the recheck report"):
             self.spec.findings_path.parent.mkdir(parents=True, exist_ok=True)
             self.spec.findings_path.write_text(report_markdown(self.study_name, str(self.spec.source), fingerprint,
                                                                outcomes(study, self.not_rerun())))
 
     def log_parent_artifacts(self, study: optuna.Study) -> None:
+        """Outcome counts as ``recheck.*`` parent tags, then the report and plots."""
         counts = _counts(outcomes(study, self.not_rerun()))
         self.tracker.set_parent_tags({"recheck.source": self.spec.source,
                                       **{f"recheck.{k.replace(' ', '_').replace('(', '').replace(')', '')}": v
@@ -232,9 +235,11 @@ class RecheckDriver(Driver):
     not_rerun: list[DeadEnd]
 
     def make_publisher(self) -> Publisher:
+        """A :class:`RecheckPublisher` (the report instead of the findings document)."""
         return RecheckPublisher(self.spec, self.study_name, self, track=self.track, quiet=self.quiet)
 
     def setup(self) -> None:
+        """The loop's setup, then the source's dead ends enqueued (see the class docstring)."""
         super().setup()
         from sweeps.rules import fingerprint_hash
 
