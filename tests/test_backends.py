@@ -108,3 +108,12 @@ def test_validation_checks_the_server_args_whatever_the_launcher(spec, monkeypat
     assert get_backend("emulated").validate([argv], cfg) == [{"ok": True}]
     assert seen == [argv[3:]] and seen[0][0] == "--model-path"
     assert mod.strip_launcher(["--model-path", "m"], ["{python}", "-m", "x"]) == ["--model-path", "m"]
+
+
+def test_a_path_turned_off_counts_only_when_the_level_expected_it():
+    log = "INFO CustomAllReduceV2 is disabled because it's not supported on more than two PCIe-only GPUs.\n"
+    be = get_backend("sglang")
+    assert be.paths_taken(log, {"allreduce": "custom"}) == ["allreduce_path_degraded"]
+    assert be.paths_taken(log, {"allreduce": "nccl"}) == []  # the NCCL level turned it off on purpose
+    assert be.paths_taken(log, {}) == ["allreduce_path_degraded"]  # no expectation: reported
+    assert be.paths_taken("INFO ready\n", {"allreduce": "custom"}) == []

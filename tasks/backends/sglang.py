@@ -83,8 +83,10 @@ class SGLangBackend(Backend):
         return metrics
 
     def paths_taken(self, log: str, expected: Mapping[str, Any]) -> list[str]:
-        """``allreduce_path_degraded`` etc. from SGLang's log lines (:func:`tasks.failures.detect_perf_tags`)."""
-        return detect_perf_tags(log)
+        """``allreduce_path_degraded`` etc. from SGLang's log lines (:func:`tasks.failures.detect_perf_tags`):
+        a path turned off counts only when the launch expected it (``{"allreduce": "custom"}``);
+        with no expectation (``{}``) every turned-off path counts."""
+        return detect_perf_tags(log, expected or None)
 
 
 BACKEND = SGLangBackend()
