@@ -137,6 +137,8 @@ class BatchScheduler:
         self._rng = np.random.default_rng(accept.seed if accept else 0)
         self._cycle = 0  # position in the accept cycle, or in the pool of iid draws
         self._pool = np.empty(0, dtype=np.int64)
+        self._mean_accept = 1.0 if accept is None else float(
+            np.mean(accept.values) if accept.probs is None else np.dot(accept.values, accept.probs))
 
     # --- client side --------------------------------------------------------------------
     def submit(self, prompt_len: int, output_len: int, t_s: float) -> int:
@@ -330,6 +332,26 @@ class BatchScheduler:
             k = min(k, max(1, math.ceil((self._arrivals[0][0] - self.now) / dt)))
         return max(1, k)
 
+    def _spec_block(self, remaining: list[int], k: int, free: int) -> tuple[int, np.ndarray, list[int]]:
+        """EAGLE decode block: (steps, per-request tokens per step, per-request tokens) until
+        the first request finishes or the KV pool would overflow."""
+        rem = np.asarray(remaining)
+        least = min(remaining)
+        # draw only about as many steps as the first finisher needs (a block may end early)
+        k = int(min(k, least, math.ceil(1.5 * least / self._mean_accept) + 4))
+        draw = self._draw(len(remaining), k)
+        cum = draw.cumsum(axis=1)
+        reached = (cum >= rem[:, None]).any(axis=0)
+        if reached.any():
+            k = int(reached.argmax()) + 1
+        if sum(remaining) > free:  # the pool might run out within the block
+            used = np.minimum(cum[:, :k], rem[:, None]).sum(axis=0)
+            k = max(1, int(np.searchsorted(used, free, side="right")))
+        counts = draw[:, :k].copy()
+        last = np.minimum(cum[:, k - 1], rem)
+        counts[:, -1] = last - (cum[:, k - 2] if k > 1 else 0)
+        return k, counts, last.tolist()
+
     def _decode_block(self, until_s: float) -> bool:
         """Identical decode steps up to the next event; returns whether a request finished."""
         spec = self.accept is not None
@@ -337,18 +359,13 @@ class BatchScheduler:
         batch = self.running
         dt = float(self.step_time_s(len(batch), 0))
         k = self._steps_until_event(dt, until_s)
-        remaining = np.array([r.out - r.emitted for r in batch])
+        remaining = [r.out - r.emitted for r in batch]
         free = self.cfg.max_total_tokens - self.kv_used
         counts = None
         if not spec:
-            k = int(min(k, remaining.min(), max(1, free // len(batch))))
+            k = int(min(k, min(remaining), max(1, free // len(batch))))
         else:
-            k = int(min(k, remaining.min()))
-            cum = np.minimum(np.cumsum(self._draw(len(batch), k), axis=1), remaining[:, None])
-            counts = np.diff(cum, axis=1, prepend=0)
-            done_at = np.where((cum >= remaining[:, None]).any(axis=1), (cum >= remaining[:, None]).argmax(axis=1) + 1, k)
-            fits = np.nonzero(np.cumsum(counts.sum(axis=0)) <= free)[0]
-            k = int(min(done_at.min(), (fits[-1] + 1) if len(fits) else 1))
+            k, counts, sums = self._spec_block(remaining, k, free)
         t0 = self.now + dt
         if counts is None:
             seg = (t0, dt, k, None)
@@ -358,9 +375,7 @@ class BatchScheduler:
                 r.kv += k
             self.kv_used += k * len(batch)
         else:
-            rows = counts[:, :k]
-            sums = rows.sum(axis=1).tolist()
-            for r, row, n in zip(batch, rows, sums):
+            for r, row, n in zip(batch, counts, sums):
                 r.segs.append((t0, dt, k, row))
                 r.emitted += n
                 r.kv += n
