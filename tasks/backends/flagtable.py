@@ -130,7 +130,7 @@ class FlagTable:
                 out.setdefault(r.logical, r.flag)
         return out
 
-    def test_versions(self) -> list[str]:
+    def versions_to_check(self) -> list[str]:
         """The inspected versions plus every range boundary and the version just before it."""
         vs = {parse_version(v) for v in self.inspected_versions}
         for r in self.rows:
