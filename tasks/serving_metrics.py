@@ -72,6 +72,20 @@ class RequestRecord:
         if self.ok and len(self.chunk_times_s) == 0:
             raise ValueError("a successful RequestRecord needs at least one chunk (ok=True, no chunks)")
 
+    @classmethod
+    def from_cumulative(
+        cls, send_s: float, chunk_times_s: Sequence[float], cumulative_tokens: Sequence[int], prompt_len: int,
+        end_s: float | None = None, ok: bool = True, error: str = "",
+    ) -> RequestRecord:
+        """From a stream that reports cumulative completion tokens per chunk (SGLang's
+        ``meta_info.completion_tokens``): new tokens = differences, as serving.py:790-791."""
+        cum = np.asarray(cumulative_tokens, dtype=np.int64)
+        new = np.diff(cum, prepend=0) if cum.size else cum
+        if (new < 0).any():
+            raise ValueError("cumulative_tokens must not decrease")
+        return cls(send_s=send_s, chunk_times_s=chunk_times_s, chunk_tokens=new, prompt_len=prompt_len,
+                   output_len=int(cum[-1]) if cum.size else 0, end_s=end_s, ok=ok, error=error)
+
     @property
     def n_output(self) -> int:
         """Completion tokens (the server's count when given, else the chunks' sum)."""

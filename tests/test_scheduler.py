@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.emulator.batch_sim import simulate
+from tasks.emulator.batch_sim import level_metrics, simulate
 from tasks.emulator.scheduler import AcceptModel, BatchScheduler, SchedulerConfig
 from tasks.serving_metrics import summarize
 
@@ -170,3 +170,15 @@ def test_bad_config_and_requests_are_named():
         BatchScheduler(CFG, step).submit(10, 0, 0.0)
     with pytest.raises(ValueError, match="max_concurrency"):
         simulate([(0.0, 1, 1)], CFG, step, max_concurrency=0)
+
+
+def test_level_metrics_of_a_closed_loop_plan():
+    from tasks.workloads import build_requests, parse_workload
+
+    plan = build_requests(parse_workload({"num_requests": 32, "arrival": {"kind": "closed", "concurrency": 16},
+                                          "prompt_len": 128, "output_len": 64}))
+    m = level_metrics(plan.requests, CFG, step, max_concurrency=plan.max_concurrency, slos_ms={"tpot": 1000})
+    assert m["completed"] == 32 and m["goodput_req_s"] == pytest.approx(m["request_throughput_req_s"])
+    assert m["itl_ms_p50"] == pytest.approx(step(16, 0) * 1e3)
+    # closed loop of 16 x 64 tokens: output throughput ~ 16 streams / step time, less the prefill pauses
+    assert 0.8 * 16 / step(16, 0) < m["output_throughput_tok_s"] < 16 / step(16, 0)

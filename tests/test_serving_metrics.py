@@ -71,6 +71,15 @@ def test_single_token_response_has_no_tpot_but_goodput_counts_it_as_zero():
     assert m["goodput_req_s"] == 1.0
 
 
+def test_from_cumulative_counts_new_tokens_per_chunk():
+    r = RequestRecord.from_cumulative(0.0, [0.1, 0.13, 0.16, 0.19], [1, 4, 4, 6], prompt_len=3, end_s=0.2)
+    assert list(r.chunk_tokens) == [1, 3, 0, 2]
+    assert r.n_output == 6
+    assert r.itls_s() == pytest.approx([0.01] * 3 + [0.03] * 2)  # the 0-token chunk restarts nothing
+    with pytest.raises(ValueError, match="decrease"):
+        RequestRecord.from_cumulative(0.0, [0.1, 0.2], [3, 2], prompt_len=1)
+
+
 def test_percentile_is_numpy_linear():
     vals = [1.0, 2.0, 3.0, 10.0]
     assert percentile(vals, 99) == pytest.approx(3.0 + 0.97 * 7.0)

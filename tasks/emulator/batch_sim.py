@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tasks.emulator.scheduler import AcceptModel, BatchScheduler, SchedulerConfig, StepTime
-from tasks.serving_metrics import RequestRecord
+from tasks.serving_metrics import RequestRecord, summarize
 
 
 @dataclass
@@ -98,3 +98,19 @@ def simulate(
             break
         sch.advance(math.inf, stop_on_finish=nxt < len(order))
     return SimResult(sch, rids, send)
+
+
+def level_metrics(
+    requests: Sequence[tuple[float, int, int]],
+    config: SchedulerConfig,
+    step_time_s: StepTime,
+    *,
+    max_concurrency: int | None = None,
+    accept: AcceptModel | None = None,
+    slos_ms: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """One load level in instant mode: :func:`simulate` then
+    :func:`tasks.serving_metrics.summarize` over the level's wall time (first send -> last end).
+    Pass a :class:`tasks.workloads.RequestPlan`'s ``requests`` and ``max_concurrency``."""
+    res = simulate(requests, config, step_time_s, max_concurrency=max_concurrency, accept=accept)
+    return summarize(res.records(), res.duration_s, slos_ms=slos_ms)
