@@ -15,18 +15,20 @@ Search (at most ``max_levels`` levels, stop when the bracket is within ``rel_tol
    value is at least that), failing at ``rate_lo`` reports 0.
 3. Inside the bracket (highest met, lowest failed rate), each level is placed at a
    predicted knee, nudged by half the tolerance away from the side that moved last so the
-   next level can close the bracket from the other side. The prediction, for each p99
-   metric that failed at the lowest failed level: a queueing fit ``a / (1 - r / c)``
-   through the two highest met levels; else a secant to the failed level (Illinois: an end
-   that stayed put is down-weighted) when that level was not saturated; else the queueing
-   shape through the highest met level and the capacity a saturated level served
+   next level can close the bracket from the other side (the nudge doubles when the same
+   side keeps moving). The prediction, for each p99 metric that failed at the lowest
+   failed level: a queueing fit ``a / (1 - r / c)`` through the two highest met levels;
+   else a secant to the failed level (log-log when it is far above the bound; Illinois:
+   an end that stayed put is down-weighted) when that level was not saturated; else the
+   queueing shape through the highest met level and the capacity a saturated level served
    (``request_throughput_req_s`` well below the offered rate). Never at or above that
    capacity; a log midpoint when nothing predicts (e.g. flat below a kink).
 
-Measured on synthetic curves (25 capacities from 0.5 to 40 req/s, ranges 0.1..100 and
-0.5..50 req/s): queueing-shaped p99s (``1 / (1 - rho)``) always end within 5 % in <= 6
-levels; a linear TPOT ramp within 16 %, and a flat-then-kinked TTFT within 35 % in the
-worst case; the bracket always contains the true knee (tests/test_load_search.py).
+Measured on synthetic curves (25 capacities from 0.5 to 40 req/s; ranges 0.1..100,
+0.25..64 and 0.5..50 req/s): queueing-shaped p99s (``1 / (1 - rho)``) always end within 5 %
+in <= 6 levels; a linear TPOT ramp within 7 % (16 % when the knee sits on the range's lower
+bound); a flat-then-kinked TTFT within 25 %. The bracket always contains the true knee
+(tests/test_load_search.py); :meth:`LoadSearchResult.converged` says whether it closed.
 
 The result keeps every level (rate, metrics, met) for the throughput–latency curve.
 """
@@ -150,6 +152,10 @@ def _metric_root(key: str, bound: float, met: list[LoadLevel], fail: LoadLevel, 
         if q0 <= 1.02 * q_prev and qf > 2:
             return None  # flat below, far above: a kink no model locates; bisect
     if not _saturated(fail) and 0 < q0 < 1 < qf < math.inf:
+        if qf > 4:  # far above the bound: interpolate log q over log r (steep, queue-like)
+            x0, xf = math.log(r0), math.log(rf)
+            f0, ff = math.log(q0) * 0.5 ** stale[0], math.log(qf) * 0.5 ** stale[1]
+            return math.exp(x0 + (xf - x0) * (-f0) / (ff - f0))
         f0, ff = (q0 - 1) * 0.5 ** stale[0], (qf - 1) * 0.5 ** stale[1]
         return r0 + (rf - r0) * (-f0) / (ff - f0)
     if cap is not None and cap > r0 and 0 < q0 < 1:
@@ -201,9 +207,12 @@ def _next_rate(levels: list[LoadLevel], slo: Slo, tol_log: float) -> float:
     if g is None:
         return math.exp((x0 + x1) / 2)
     # land just past the predicted knee, away from the side the last level moved, so the
-    # next level can close the bracket from the other side
-    x = math.log(g) + (0.45 * tol_log if levels[-1].met else -0.45 * tol_log)
-    return math.exp(min(max(x, x0 + 0.1 * width), x1 - 0.1 * width))
+    # next level can close the bracket from the other side; the step doubles each time the
+    # same side moved again (the model keeps falling short)
+    same = next((i for i, lv in enumerate(reversed(levels)) if lv.met != levels[-1].met), len(levels))
+    step = 0.45 * tol_log * 2 ** max(0, same - 2)
+    x = math.log(g) + (step if levels[-1].met else -step)
+    return math.exp(min(max(x, x0 + 0.5 * tol_log), x1 - 0.5 * tol_log))
 
 
 def max_rate_at_slo(
