@@ -182,3 +182,26 @@ def test_level_metrics_of_a_closed_loop_plan():
     assert m["itl_ms_p50"] == pytest.approx(step(16, 0) * 1e3)
     # closed loop of 16 x 64 tokens: output throughput ~ 16 streams / step time, less the prefill pauses
     assert 0.8 * 16 / step(16, 0) < m["output_throughput_tok_s"] < 16 / step(16, 0)
+
+
+def test_server_style_streaming_with_a_disconnect():
+    """Real-time use: submit on arrival, advance to 'now' on a tick, stream new chunks, abort."""
+    sch = BatchScheduler(SchedulerConfig(max_running_requests=2, max_total_tokens=100_000), step)
+    a = sch.submit(128, 500, 0.0)
+    b = sch.submit(128, 20, 0.0)
+    c = sch.submit(128, 20, 0.05)  # waits for a slot
+    seen = {a: [], b: [], c: []}
+    now = 0.0
+    while now < 2.0:
+        if abs(now - 0.3) < 1e-9:
+            sch.abort(a, now)
+        sch.advance(now)
+        for rid in seen:
+            new, _ = sch.stream(rid, len(seen[rid]))
+            assert all(t <= now + step(2, 256) + 1e-9 for t, _ in new)  # never more than a step ahead
+            seen[rid] += new
+        now = round(now + 0.01, 10)
+    assert sch.stream(a, 0)[1] and sch.state(a) == "aborted" and sum(n for _, n in seen[a]) < 500
+    assert sum(n for _, n in seen[b]) == 20 and sum(n for _, n in seen[c]) == 20
+    assert seen[c][0][0] > seen[b][-1][0] - 1e-9  # c got b's slot
+    assert sch.kv_used == 0 and not sch.busy

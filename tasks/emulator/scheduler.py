@@ -182,6 +182,14 @@ class BatchScheduler:
             r._chunks = (len(r.segs), times, counts)
         return r._chunks[1], r._chunks[2]
 
+    def stream(self, rid: int, since: int = 0) -> tuple[list[tuple[float, int]], bool]:
+        """What a server streams: ``rid``'s chunks from index ``since`` as (time s, tokens),
+        and whether it has ended (done, aborted or rejected). Call :meth:`advance` with the
+        current time first; a chunk's time may lie up to one step ahead (pace to it)."""
+        ts, ns = self.chunks(rid)
+        new = list(zip(ts[since:].tolist(), ns[since:].tolist()))
+        return new, self.reqs[rid].state in ("done", "aborted", "rejected")
+
     @property
     def busy(self) -> bool:
         """Anything left to simulate (arrivals to come, queued, prefilling or decoding)."""
