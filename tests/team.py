@@ -55,36 +55,45 @@ def _marked(marker: str) -> list[psutil.Process]:
 
 
 def stop_tree(proc: subprocess.Popen | None, marker: str | None = None, sig: int = signal.SIGTERM,
-              grace_s: float = 15.0) -> list[int]:
+              grace_s: float = 15.0, root_first: bool = True) -> list[int]:
     """Stop ``proc``, its descendants and every process naming ``marker``, by PID.
 
-    ``sig`` first (to the root process only when it is a shutdown request the root
-    propagates, to all otherwise), SIGKILL to whatever is alive after ``grace_s``.
+    ``root_first``: ``sig`` goes to the root only, which shuts its own children down (a
+    ``ray start --block`` process takes ~2 s; signalling all of Ray's processes at once makes
+    them wait on each other for > 12 s, measured), up to ``grace_s``; then SIGTERM to what is
+    left, and SIGKILL 5 s later. Otherwise ``sig`` goes to every process at once.
 
     Returns:
-        the PIDs that were signalled.
+        the PIDs found (root, descendants, marked).
     """
     procs: dict[int, psutil.Process] = {}
+    root = None
     if proc is not None and proc.poll() is None:
         try:
             root = psutil.Process(proc.pid)
             procs[root.pid] = root
             procs.update({c.pid: c for c in root.children(recursive=True)})
         except psutil.Error:
-            pass
+            root = None
     if marker:
         procs.update({p.pid: p for p in _marked(marker)})
-    for p in procs.values():
-        try:
-            p.send_signal(sig)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+
+    def signal_all(targets: list[psutil.Process], s: int) -> None:
+        for p in targets:
+            try:
+                p.send_signal(s)
+            except psutil.Error:
+                pass
+
+    alive = list(procs.values())
+    if root_first and root is not None:
+        signal_all([root], sig)
+        psutil.wait_procs([root], timeout=grace_s)
+        _, alive = psutil.wait_procs(alive, timeout=2)
+        sig, grace_s = signal.SIGTERM, 5.0
+    signal_all(alive, sig)
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
+    signal_all(alive, signal.SIGKILL)
     psutil.wait_procs(alive, timeout=5)
     if proc is not None:
         try:
@@ -103,8 +112,8 @@ def _as_postgres() -> dict:
 class Postgres:
     """A private PostgreSQL 15 cluster: ``initdb`` in a fresh directory, the ``postgres``
     server on 127.0.0.1:``port`` (scram-sha-256 over TCP, trust on its private socket),
-    a login role ``servesweep`` and the databases ``servesweep`` (Optuna, rules) and
-    ``mlflow`` (MLflow's backend store)."""
+    a login role ``servesweep`` and the databases ``servesweep`` (Optuna, rules),
+    ``mlflow`` (MLflow's backend store) and ``mlflow_auth`` (its basic-auth users)."""
 
     def __init__(self, port: int | None = None, user: str = "servesweep"):
         self.port = port or free_port("127.0.0.1")
@@ -152,7 +161,7 @@ class Postgres:
                 raise RuntimeError(f"postgres did not start: {self.log_tail()}")
             time.sleep(0.1)
         self._psql(f"CREATE ROLE {self.user} LOGIN PASSWORD '{self.password}'")
-        for db in ("servesweep", "mlflow"):
+        for db in ("servesweep", "mlflow", "mlflow_auth"):
             self._psql(f"CREATE DATABASE {db} OWNER {self.user}")
         self.startup_s = time.monotonic() - t0
         return self
@@ -179,8 +188,10 @@ class MlflowServer:
     does not list; the loopback names are listed here, a team lists its server's DNS names.
     """
 
-    def __init__(self, backend_uri: str, root: Path, port: int | None = None, allowed_hosts: list[str] | None = None):
+    def __init__(self, backend_uri: str, root: Path, port: int | None = None, allowed_hosts: list[str] | None = None,
+                 extra_args: list[str] | None = None, env: dict[str, str] | None = None):
         self.backend_uri, self.root = backend_uri, root
+        self.extra_args, self.extra_env = list(extra_args or []), dict(env or {})
         self.port = port or free_port("127.0.0.1")
         self.url = f"http://127.0.0.1:{self.port}"
         self.allowed_hosts = allowed_hosts or [f"127.0.0.1:{self.port}", "127.0.0.1", f"localhost:{self.port}", "localhost"]
@@ -192,13 +203,13 @@ class MlflowServer:
         return [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", self.backend_uri,
                 "--serve-artifacts", "--artifacts-destination", (self.root / "artifacts").as_uri(),
                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-                "--allowed-hosts", ",".join(self.allowed_hosts)]
+                "--allowed-hosts", ",".join(self.allowed_hosts), *self.extra_args]
 
     def start(self, timeout_s: float = 180) -> MlflowServer:
         """Start and wait for ``/health`` (the first start creates the schema: ~tens of s)."""
         self.root.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job-runner workers
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **self.extra_env}  # no job-runner workers
         self.proc = subprocess.Popen(self.argv(), stdout=open(self.root / "server.log", "ab"), stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True, cwd=str(self.root))
         while True:
@@ -222,9 +233,23 @@ class MlflowServer:
         except OSError:
             return ""
 
+    @classmethod
+    def with_basic_auth(cls, backend_uri: str, auth_db_uri: str, root: Path, admin_password: str) -> MlflowServer:
+        """A server with MLflow's basic-auth app (needs Flask-WTF: the ``team`` extra): users and
+        permissions in ``auth_db_uri``, admin ``admin`` with ``admin_password``, new users get
+        READ on every experiment (``default_permission``)."""
+        root.mkdir(parents=True, exist_ok=True)
+        ini = root / "basic_auth.ini"
+        ini.write_text("[mlflow]\ndefault_permission = READ\n"
+                       f"database_uri = {auth_db_uri}\nadmin_username = admin\n"
+                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+        env = {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
+               "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
+        return cls(backend_uri, root, extra_args=["--app-name", "basic-auth"], env=env)
+
     def stop(self) -> None:
         """SIGTERM the server and its gunicorn/uvicorn workers by PID (SIGKILL after 15 s)."""
-        stop_tree(self.proc)
+        stop_tree(self.proc, root_first=False)
 
 
 def bare_python(root: Path) -> Path:
@@ -311,11 +336,13 @@ class RayCluster:
         return ip
 
     def stop_node(self, name: str, sig: int = signal.SIGTERM) -> list[int]:
-        """Stop one node (its ``ray start`` process and what it spawned) by PID.
+        """Stop one node (its ``ray start`` process and what it spawned) by PID; ``sig=SIGKILL``
+        kills all its processes at once, the way a machine dies.
 
         Only the tree is used: all nodes share the cluster's temp dir, so the marker would
         take the others too. Returns the PIDs signalled."""
-        return stop_tree(self.nodes.pop(name), sig=sig, grace_s=10)
+        # SIGKILL: every process of the node at once (a crash); otherwise ray start's own shutdown
+        return stop_tree(self.nodes.pop(name), sig=sig, grace_s=10, root_first=sig != signal.SIGKILL)
 
     def stop(self) -> None:
         """Stop every node (workers first) and anything still naming the cluster's directory."""
