@@ -106,6 +106,18 @@ class LoadSearchResult:
             return False
         return self.failed_at_req_s <= self.max_rate_at_slo_req_s * (1 + rel_tol)
 
+    def metrics(self) -> dict[str, float]:
+        """What a trial logs: ``max_rate_at_slo_req_s``, ``slo_failed_at_req_s`` (0: none
+        failed), ``load_levels``, ``load_search_converged`` (1/0), and the metrics of the
+        highest level that met the SLO (or of the lowest level measured when none did), e.g.
+        ``ttft_ms_p99``, ``tpot_ms_p99``, ``goodput_req_s``."""
+        met = [lv for lv in self.levels if lv.met]
+        shown = max(met, key=lambda lv: lv.rate_req_s) if met else min(self.levels, key=lambda lv: lv.rate_req_s)
+        return {**{k: float(v) for k, v in shown.metrics.items()},
+                "max_rate_at_slo_req_s": self.max_rate_at_slo_req_s,
+                "slo_failed_at_req_s": self.failed_at_req_s or 0.0,
+                "load_levels": float(len(self.levels)), "load_search_converged": float(self.converged())}
+
     def curve(self) -> list[tuple[float, Metrics]]:
         """(rate, metrics) of every level, by rate: the throughput–latency curve."""
         return [(lv.rate_req_s, lv.metrics) for lv in sorted(self.levels, key=lambda lv: lv.rate_req_s)]

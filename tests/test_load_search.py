@@ -93,6 +93,15 @@ def test_other_monotone_shapes_are_bracketed(lo, hi):
             assert check(max_rate_at_slo(f, SLO, rate_lo=lo, rate_hi=hi), truth(f.raw, lo, hi), calls) <= width
 
 
+def test_logged_metrics_are_the_best_passing_level():
+    res = max_rate_at_slo(queue_curve(10.0), SLO, rate_lo=0.5, rate_hi=50)
+    m = res.metrics()
+    best = max((lv for lv in res.levels if lv.met), key=lambda lv: lv.rate_req_s)
+    assert m["max_rate_at_slo_req_s"] == best.rate_req_s and m["ttft_ms_p99"] == best.metrics["ttft_ms_p99"]
+    assert m["slo_failed_at_req_s"] == res.failed_at_req_s and m["load_levels"] == len(res.levels)
+    assert m["load_search_converged"] == 1.0
+
+
 def test_never_meets_reports_zero():
     f, calls = counted(lambda r: {"ttft_ms_p99": 5000.0, "tpot_ms_p99": 10.0})
     res = max_rate_at_slo(f, SLO, rate_lo=0.5, rate_hi=50)

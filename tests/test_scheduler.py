@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.emulator.batch_sim import level_metrics, simulate
+from tasks.emulator.batch_sim import level_metrics, saturation_rate_req_s, simulate
 from tasks.emulator.scheduler import AcceptModel, BatchScheduler, SchedulerConfig
 from tasks.serving_metrics import summarize
 
@@ -205,3 +205,12 @@ def test_server_style_streaming_with_a_disconnect():
     assert sum(n for _, n in seen[b]) == 20 and sum(n for _, n in seen[c]) == 20
     assert seen[c][0][0] > seen[b][-1][0] - 1e-9  # c got b's slot
     assert sch.kv_used == 0 and not sch.busy
+
+
+def test_saturation_rate_bounds_what_an_open_loop_level_serves():
+    reqs = [(0.0, 512, 64)] * 128
+    cap = saturation_rate_req_s(reqs, CFG, step)
+    # 64 slots x one token per step: 64 requests per (64 decode steps + prefills)
+    assert cap == pytest.approx(64 / (64 * step(64, 0)), rel=0.25)
+    over = level_metrics([(i / (4 * cap), 512, 64) for i in range(128)], CFG, step)
+    assert over["request_throughput_req_s"] <= cap * 1.05

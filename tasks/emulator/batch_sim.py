@@ -114,3 +114,17 @@ def level_metrics(
     Pass a :class:`tasks.workloads.RequestPlan`'s ``requests`` and ``max_concurrency``."""
     res = simulate(requests, config, step_time_s, max_concurrency=max_concurrency, accept=accept)
     return summarize(res.records(), res.duration_s, slos_ms=slos_ms)
+
+
+def saturation_rate_req_s(
+    requests: Sequence[tuple[float, int, int]],
+    config: SchedulerConfig,
+    step_time_s: StepTime,
+    *,
+    accept: AcceptModel | None = None,
+) -> float:
+    """Requests/s the batching model completes when every request arrives at once: its
+    capacity for this mix, e.g. to set a load search's ``rate_hi`` (a little above it)."""
+    res = simulate([(0.0, p, o) for _, p, o in requests], config, step_time_s, accept=accept)
+    done = sum(r.state == "done" for r in res.scheduler.reqs)
+    return done / res.duration_s
