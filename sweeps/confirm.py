@@ -254,6 +254,10 @@ def _entry(r: R.TrialRecord, is_base: bool, vals: list[float], base_vals: list[f
                          "sweep_value": R.value_of(r, obj), "values": [round(v, 4) for v in vals], "n": len(vals),
                          "mean": mean, "ci_low": lo, "ci_high": hi,
                          "failures": sorted({x.failure_class or x.status for x in runs if x.status != "ok"})}
+    ok = [x.metrics for x in runs if x.status == "ok"]
+    # the constrained metrics' means over the repeats must meet the objective's constraints
+    means = {c.metric: sum(m.get(c.metric, float("nan")) for m in ok) / len(ok) for c in obj.constraints} if ok else {}
+    e["violated"] = [str(c) for c in obj.constraints if ok and not c.holds(means)]
     if base_vals:
         sp, slo, shi = ratio_interval(vals, base_vals, confidence) if obj.maximize else \
             ratio_interval(base_vals, vals, confidence)
@@ -307,11 +311,13 @@ def summarize(todo: list[tuple[R.TrialRecord, bool]], results: Mapping[int, list
             e["tokens_match"], e["mismatch_detail"] = compare_tokens(outs[base_idx], outs.get(i, []))
         entries.append(e)
     eligible = obj.ranked([e for e in entries if e["n"] >= 1 and e["tokens_match"] is not False
-                           and math.isfinite(e["mean"])], lambda e: e["mean"])
+                           and not e["violated"] and math.isfinite(e["mean"])], lambda e: e["mean"])
     winner = eligible[0] if eligible else None
     for e in entries:
         if e["tokens_match"] is False:
             e["verdict"] = "output_mismatch: cannot win"
+        elif e["violated"]:
+            e["verdict"] = "violates " + ", ".join(e["violated"]) + ": cannot win"
         elif e["n"] == 0:
             e["verdict"] = "failed on re-run: " + ", ".join(e["failures"])
         elif e is winner:

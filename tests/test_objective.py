@@ -18,7 +18,7 @@ from sweeps import study as S
 from sweeps.config import ConfigError, load_spec
 from sweeps.confirm import candidates, summarize
 from sweeps.inprocess import run_in_process
-from sweeps.objective import Objective, ObjectiveSet
+from sweeps.objective import MetricConstraint, Objective, ObjectiveSet
 from tasks.types import TrialResult
 from tests.conftest import REPO, compose_cfg
 
@@ -159,6 +159,16 @@ def test_confirmation_ranks_by_the_objective():
     e = next(x for x in out["entries"] if x["trial"] == 1)
     assert e["speedup_mean"] == pytest.approx(90.0 / 60.0)  # latency 1.5x lower = 1.5x better
     assert summarize(todo, res, 3, 0.95, Objective("ttft_ms_p50", "maximize"))["winner"] == 0
+    # a constraint the fastest config breaks on its repeats: it cannot win
+    for x in res[1]:
+        x.metrics["itl_ms_p99"] = 50.0
+    for i in (0, 2):
+        for x in res[i]:
+            x.metrics["itl_ms_p99"] = 10.0
+    strict = Objective("ttft_ms_p50", "minimize", (MetricConstraint.parse("itl_ms_p99 <= 20"),))
+    out = summarize(todo, res, 3, 0.95, strict)
+    assert out["winner"] == 2
+    assert next(x for x in out["entries"] if x["trial"] == 1)["verdict"] == "violates itl_ms_p99 <= 20: cannot win"
     assert ObjectiveSet.from_config("ttft_ms_p50", "minimize").primary == obj
 
 
