@@ -138,6 +138,17 @@ def random_records(seed: int, n: int = 40, eagle: bool = True) -> list[RequestRe
     return out
 
 
+def simulated_eagle() -> list[RequestRecord]:
+    """Streams of the emulator's batching model with EAGLE (accept lengths 1-4), 8 at once."""
+    from tasks.emulator.batch_sim import simulate
+    from tasks.emulator.scheduler import AcceptModel, SchedulerConfig
+
+    res = simulate([(0.1 * i, 64 + 50 * i, 30) for i in range(12)], SchedulerConfig(8, 100_000),
+                   lambda b, p: 0.01 + 0.001 * b + 1e-5 * p, max_concurrency=8,
+                   accept=AcceptModel((1, 2, 3, 4), (0.1, 0.3, 0.3, 0.3), seed=2))
+    return res.records()
+
+
 # --- SGLang's own code on the same streams -------------------------------------------------
 
 SGLANG_SIDE = textwrap.dedent('''
@@ -231,7 +242,8 @@ def sglang_metrics(records: list[RequestRecord], dur_s: float, slos: dict, tmp_p
     script = tmp_path / "sglang_side.py"
     script.write_text(SGLANG_SIDE)
     job = {"dur_s": dur_s, "slos": slos, "records": [
-        {"send_s": r.send_s, "chunk_times_s": list(r.chunk_times_s), "chunk_tokens": list(r.chunk_tokens),
+        {"send_s": r.send_s, "chunk_times_s": [float(x) for x in r.chunk_times_s],
+         "chunk_tokens": [int(n) for n in r.chunk_tokens],
          "end_s": r.end_s, "ok": r.ok, "prompt_len": r.prompt_len} for r in records]}
     proc = subprocess.run([str(VENV_PY), str(script)], input=json.dumps(job), capture_output=True, text=True,
                           timeout=240, check=False)
@@ -256,7 +268,7 @@ PAIRS = {
 def test_same_numbers_as_sglang_benchmark(tmp_path):
     """EAGLE-like streams (chunks of 2-4 tokens), failures included: every metric, the
     per-token ITLs and goodput equal SGLang 0.5.23's, from its own client and metric code."""
-    records = random_records(seed=7, eagle=True) + random_records(seed=8, n=20, eagle=False)
+    records = random_records(seed=7, eagle=True) + random_records(seed=8, n=20, eagle=False) + simulated_eagle()
     slos = {"ttft": 800.0, "tpot": 12.0, "e2el": 1500.0}
     dur = 6.5
     theirs = sglang_metrics(records, dur, slos, tmp_path)
