@@ -54,8 +54,9 @@ class SchedulerConfig:
         max_total_tokens: KV pool capacity in tokens (``--max-total-tokens`` or what the
             memory fraction leaves), >= 1.
         chunked_prefill_size: ``--chunked-prefill-size``: prompt tokens per step; <= 0
-            disables chunking (whole prompts in one step).
-        mixed_chunk: ``--enable-mixed-chunk``: decode shares prefill steps.
+            disables chunking. Default 8192: SGLang's choice for 90-160 GB GPUs when unset
+            (srt/arg_groups/memory_hook.py:146-154).
+        mixed_chunk: ``--enable-mixed-chunk`` (SGLang's default: off).
         new_token_ratio: share of each running request's remaining output reserved at
             admission (1.0 for ``ignore_eos`` requests, SGLang's 0.7 -> 0.1 estimate otherwise).
     """
