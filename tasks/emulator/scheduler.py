@@ -111,11 +111,6 @@ class _Req:
         self.error = ""
         self._chunks: tuple[int, np.ndarray, np.ndarray] | None = None  # (segments seen, times, counts)
 
-    def emit(self, t0: float, dt: float, k: int, counts: np.ndarray | None) -> None:
-        self.segs.append((t0, dt, k, counts))
-        if math.isnan(self.first_s):
-            self.first_s = t0
-
 
 class BatchScheduler:
     """Incremental continuous-batching simulation (the emulated server drives it in real time).
@@ -328,7 +323,9 @@ class BatchScheduler:
 
     def _gain(self, r: _Req, t0: float, dt: float, k: int, counts: np.ndarray | None) -> None:
         n = k if counts is None else int(counts.sum())
-        r.emit(t0, dt, k, counts)
+        r.segs.append((t0, dt, k, counts))
+        if math.isnan(r.first_s):
+            r.first_s = t0
         r.emitted += n
         r.kv += n
         self.kv_used += n
