@@ -132,8 +132,8 @@ def _stats_ms(prefix: str, values_s: Sequence[float] | np.ndarray) -> dict[str, 
     return {
         f"{prefix}_ms_mean": float(np.mean(a)) * 1e3,
         f"{prefix}_ms_p50": float(np.median(a)) * 1e3,
-        f"{prefix}_ms_p90": float(np.percentile(a, 90)) * 1e3,
-        f"{prefix}_ms_p99": float(np.percentile(a, 99)) * 1e3,
+        f"{prefix}_ms_p90": percentile(a, 90) * 1e3,
+        f"{prefix}_ms_p99": percentile(a, 99) * 1e3,
     }
 
 
