@@ -102,6 +102,25 @@ def test_logged_metrics_are_the_best_passing_level():
     assert m["load_search_converged"] == 1.0
 
 
+def test_noisy_levels_keep_a_consistent_answer():
+    """A real server is noisy: a level may fail below one that passed. The answer stays the
+    highest passing rate, and failed_at the lowest failing rate above it."""
+    rng = np.random.default_rng(0)
+    base = queue_curve(10.0)
+
+    def noisy(r):
+        m = dict(base(r))
+        m["ttft_ms_p99"] *= float(rng.uniform(0.8, 1.25))
+        return m
+    for _ in range(20):
+        res = max_rate_at_slo(noisy, SLO, rate_lo=0.5, rate_hi=50)
+        assert 1 <= len(res.levels) <= 6
+        passed = [lv.rate_req_s for lv in res.levels if lv.met]
+        assert res.max_rate_at_slo_req_s == max(passed)
+        assert res.failed_at_req_s == min(lv.rate_req_s for lv in res.levels if not lv.met and lv.rate_req_s > max(passed))
+        assert 0.7 * 9.0 < res.max_rate_at_slo_req_s <= 10.0  # near the noiseless knee (9.0)
+
+
 def test_never_meets_reports_zero():
     f, calls = counted(lambda r: {"ttft_ms_p99": 5000.0, "tpot_ms_p99": 10.0})
     res = max_rate_at_slo(f, SLO, rate_lo=0.5, rate_hi=50)
