@@ -152,7 +152,7 @@ class Publisher:
         with guard("update the findings document"):
             from sweeps.findings import update_findings
 
-            update_findings(self.spec, self.study_name, recs, fingerprint, rules)
+            update_findings(self.spec, study, recs, fingerprint, rules, objective=self.objectives.primary)
 
     # ---- closing ----------------------------------------------------------------------
     def final(self, study: optuna.Study, recs: list[R.TrialRecord], best: R.TrialRecord | None,
@@ -192,7 +192,7 @@ class Publisher:
             from sweeps.report import write_plots
 
             out = self.spec.store_dir / "reports" / self.study_name
-            for p in write_plots(study, out):
+            for p in write_plots(study, out, objective=self.objectives.primary, records=R.load_records(study)):
                 self.tracker.log_parent_artifact(p, "plots")
 
     def summary(self, recs: list[R.TrialRecord], best: R.TrialRecord | None, base: float | None,

@@ -197,3 +197,15 @@ def test_study_identity_refuses_another_setup_and_old_studies_adopt_it(tmp_path)
     other = load_spec(compose_cfg([*FAST, "sweep.objective=output_tok_s", f"tracking.store_dir={spec.store_dir}",
                                    f"tracking.findings_dir={spec.store_dir / 'findings'}"]))
     assert open_study(other).user_attrs[IDENTITY_ATTR]["objective"] == "output_tok_s maximize"
+
+
+def test_findings_written_by_the_sweep_carry_its_confirmation(tmp_path):
+    """The publisher hands the findings the study itself, so the stored confirmation (and
+    the confirmed winner) reach the document the sweep writes at the end."""
+    spec = _spec(tmp_path, ["sweep.confirm.top_k=1", "sweep.confirm.repeats=2"])
+    drv = run_in_process(spec, findings=True)
+    conf = drv.study.user_attrs.get("confirmation")
+    assert conf and conf.get("winner") is not None, conf
+    text = spec.findings_path.read_text()
+    assert "### Confirmation" in text, text[-2000:]
+    assert f"t{conf['winner']}" in text.split("### Confirmation", 1)[1]
