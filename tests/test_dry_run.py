@@ -34,11 +34,11 @@ def test_campaign_dry_run_validates_every_trial_quickly(tmp_path):
     _needs_contract_env()
     r, wall = _dry(tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    lines = [l for l in r.stdout.splitlines() if l.startswith("[")]
-    assert len(lines) >= 31 and all(l.startswith("[valid] ") for l in lines)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("[")]
+    assert len(lines) >= 31 and all(ln.startswith("[valid] ") for ln in lines)
     assert "validated with SGLang's parser" in r.stdout
-    assert any("--speculative-algorithm EAGLE3" in l for l in lines)
-    assert any("NCCL_ALGO=Tree" in l for l in lines)
+    assert any("--speculative-algorithm EAGLE3" in ln for ln in lines)
+    assert any("NCCL_ALGO=Tree" in ln for ln in lines)
     assert wall < 30, f"dry run took {wall:.1f} s"
     assert not (tmp_path / "store").exists(), "a dry run must not create stores or start Ray"
 

@@ -35,8 +35,8 @@ def _chromium() -> str:
         path = shutil.which(name)
         if path:
             return path
-    msg = ("PAGE TEST SKIPPED: no Chromium found (looked for %s). Install the Debian package: "
-           "apt-get install -y chromium" % ", ".join(CHROMIUM_NAMES))
+    msg = (f"PAGE TEST SKIPPED: no Chromium found (looked for {', '.join(CHROMIUM_NAMES)}). Install the Debian "
+           "package: apt-get install -y chromium")
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(msg + " -- CI=true, so a skip is a failure")
     print("\n" + "!" * 80 + "\n" + msg + "\n" + "!" * 80, file=sys.stderr)
