@@ -176,6 +176,22 @@ def test_artifacts_go_through_the_server(team, swept):
     assert list(served.rglob("server.log*")) and list(served.rglob("*.md")), sorted(served.rglob("*"))[:20]
 
 
+def test_artifacts_through_the_server_with_an_explicit_location(team, tmp_path):
+    """Today's workaround (docs/team.md step 3): a new experiment created with
+    ``tracking.artifact_location=mlflow-artifacts:/<sweep>``; logs, findings and plots land
+    in the server's --artifacts-destination, not on the driver machine."""
+    log = tmp_path / "sweep.log"
+    extra = ["sweep.name=smoke-art", "sweep.budget.trials=3", "tracking.artifact_location=mlflow-artifacts:/smoke-art"]
+    rc, out = _wait(team.popen(tmp_path / "store", "team-art", extra, log), log, 240)
+    assert rc == 0, out[-3000:]
+    exp = MlflowClient(tracking_uri=team.mlflow.url).get_experiment_by_name("smoke-art")
+    assert exp.artifact_location == "mlflow-artifacts:/smoke-art"
+    served = team.mlflow.root / "artifacts" / "smoke-art"
+    names = {p.name for p in served.rglob("*") if p.is_file()}
+    assert {"server.log", "result.json", "launch_command.txt", "team-art.md"} <= names, sorted(names)[:30]  # findings: <study>.md
+    assert not (tmp_path / "store" / "artifacts").exists() or not any((tmp_path / "store" / "artifacts").rglob("*.log"))
+
+
 @pytest.mark.xfail(strict=True, reason=WIRING + "child runs' node tag is the Ray node the trial ran on "
                    "(<node ip>/<node id>), not only the node profile")
 def test_node_tag_names_the_ray_node(team, swept):
