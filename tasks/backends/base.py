@@ -79,6 +79,39 @@ class Backend:
         """
         raise NotImplementedError
 
+    #: argv prefix of the deployable command on the target node (no venv path, no emulator).
+    deploy_launcher: tuple[str, ...] = ("python", "-m", "sglang.launch_server")
+    #: the port the deployable command serves on (SGLang's default).
+    deploy_port: int = 30000
+
+    def deploy_argv(self, params: Mapping[str, Any], node: Mapping[str, Any], model: Mapping[str, Any],
+                    backend_cfg: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+        """``(argv, env)`` to deploy ``params`` on the TARGET node with the real engine: the same
+        :meth:`render` the dry run validates, with :attr:`deploy_launcher` instead of
+        ``backend.launcher`` and ``--host 0.0.0.0 --port`` :attr:`deploy_port` (no ephemeral ports).
+
+        Raises:
+            tasks.knobs.KnobError: as :meth:`render`.
+        """
+        cfg = {**dict(backend_cfg), "launcher": list(self.deploy_launcher), "python": None}
+        launch = self.render(params, node, model, cfg)
+        return [*launch.argv, "--host", "0.0.0.0", "--port", str(self.deploy_port)], dict(launch.env)
+
+    def deploy_command(self, params: Mapping[str, Any], node: Mapping[str, Any], model: Mapping[str, Any],
+                       backend_cfg: Mapping[str, Any]) -> str:
+        """The deployable shell command for ``params`` (see :meth:`deploy_argv`): env knobs as a
+        ``VAR=value`` prefix, every word shell-quoted, e.g.
+        ``NCCL_PROTO=LL python -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 ... --host 0.0.0.0 --port 30000``.
+
+        Raises:
+            tasks.knobs.KnobError: as :meth:`render`.
+        """
+        import shlex
+
+        argv, env = self.deploy_argv(params, node, model, backend_cfg)
+        prefix = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+        return " ".join([*prefix, *(shlex.quote(a) for a in argv)])
+
     def validate(self, argvs: list[list[str]], backend_cfg: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         """Check every argv with the engine's own argument parser.
 

@@ -56,8 +56,10 @@ BOOL_KNOBS = {  # knob -> logical flag id of a BooleanOptionalAction (--x / --no
 SPEC_KNOBS = ("speculative", "spec_num_tokens", "ngram_prompt_lookup_max", "ngram_prompt_lookup_min")
 KNOWN_KNOBS = frozenset({"allreduce", "moe_a2a_backend", "cudagraph_capture_sizes", *SPEC_KNOBS, *ENV_KNOBS,
                          *VALUE_KNOBS, *BOOL_KNOBS})
+# Knobs vLLM parses as numbers; the config refuses other levels (kv_cache_space_gib also takes
+# "unset", so it is not listed).
 INT_KNOBS = frozenset({"max_num_seqs", "max_num_batched_tokens", "block_size", "cuda_graph_max_bs", "max_model_len",
-                       "spec_num_tokens", "ngram_prompt_lookup_max", "ngram_prompt_lookup_min", "kv_cache_space_gib"})
+                       "spec_num_tokens", "ngram_prompt_lookup_max", "ngram_prompt_lookup_min"})
 FLOAT_KNOBS = frozenset({"gpu_memory_utilization"})
 UNSET = ("default", "unset", None)
 
@@ -259,6 +261,13 @@ class VllmBackend(Backend):
     checks_gpus = True  # a no-op where NVML is absent (CPU node)
     ports = ("port",)
     health_path = "/health"
+    known_knobs = KNOWN_KNOBS
+    int_knobs = INT_KNOBS
+    float_knobs = FLOAT_KNOBS
+    # The documented server module for a deployment (on a GPU node vLLM's own distribution is
+    # installed, so the version lookup that the CPU build trips on is not an issue there).
+    deploy_launcher = ("python", "-m", "vllm.entrypoints.openai.api_server")
+    deploy_port = 8000
 
     def engine_version(self, backend_cfg: Mapping[str, Any]) -> str:
         return str(backend_cfg.get("vllm_version") or DEFAULT_VLLM_VERSION)

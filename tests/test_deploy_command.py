@@ -1,0 +1,64 @@
+"""The deployable command (Backend.deploy_command): the target node's real engine, never the
+emulator's launcher, ephemeral ports or a venv path; SGLang 0.5.23's parser accepts it."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.backends import get_backend
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE = yaml.safe_load((ROOT / "conf/node/rtx_pro_6000x8.yaml").read_text())
+MODEL = yaml.safe_load((ROOT / "conf/model/kimi_k25_eagle3.yaml").read_text())
+EMULATED = yaml.safe_load((ROOT / "conf/backend/emulated.yaml").read_text())
+VLLM = yaml.safe_load((ROOT / "conf/backend/vllm.yaml").read_text())
+PARAMS = {"allreduce": "custom", "speculative": "eagle3", "nccl_proto": "LL", "cuda_graph_max_bs": 16}
+CONTRACT_PY = ROOT / ".contract-venv" / "bin" / "python"
+
+
+def split_deploy(cmd: str) -> tuple[dict[str, str], list[str]]:
+    """``VAR=v ... python -m module args`` -> (env, argv)."""
+    words = shlex.split(cmd)
+    env = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        k, v = words.pop(0).split("=", 1)
+        env[k] = v
+    return env, words
+
+
+@pytest.mark.parametrize("kind", ["emulated", "instant", "sglang"])
+def test_sglang_family_deploys_sglang_launch_server_on_fixed_port(kind):
+    cmd = get_backend(kind).deploy_command(PARAMS, NODE, MODEL, EMULATED)
+    env, argv = split_deploy(cmd)
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+    assert env == {"NCCL_PROTO": "LL"}
+    assert argv[argv.index("--model-path") + 1] == MODEL["path"]
+    assert argv[argv.index("--tp-size") + 1] == "8"
+    assert argv[-4:] == ["--host", "0.0.0.0", "--port", "30000"]
+    assert "--nccl-port" not in argv
+    assert "tasks.emulator.server" not in cmd and ".venv" not in cmd and "{python}" not in cmd
+
+
+def test_vllm_deploys_openai_api_server():
+    cmd = get_backend("vllm").deploy_command({"allreduce": "custom", "max_num_seqs": 8}, NODE, MODEL, VLLM)
+    env, argv = split_deploy(cmd)
+    assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[-4:] == ["--host", "0.0.0.0", "--port", "8000"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "8"
+    assert ".vllm-venv" not in cmd and env["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0"
+
+
+@pytest.mark.contract
+def test_sglang_0_5_23_parser_accepts_the_deploy_command():
+    if not CONTRACT_PY.exists():
+        pytest.skip(f"{CONTRACT_PY} missing (scripts/contract_env.sh)")
+    from tasks.sglang_cli import check_many
+
+    cmds = [get_backend("emulated").deploy_command(p, NODE, MODEL, EMULATED)
+            for p in (PARAMS, {"allreduce": "nccl", "speculative": "none"})]
+    verdicts = check_many([split_deploy(c)[1][3:] for c in cmds], python=str(CONTRACT_PY))
+    assert [v["ok"] for v in verdicts] == [True, True], verdicts
