@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from omegaconf import DictConfig, OmegaConf
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sweeps.bench_config import BenchConfig
 from sweeps.objective import ObjectiveSet, check_constraints, check_directions, check_objective_names
 from sweeps.space import SearchSpace, SpaceError, any_feasible, parse_space
 from tasks.backends import available_backends, get_backend
@@ -44,6 +45,8 @@ class NodeConfig(_Model):
     interconnect: str
     nvlink: bool
     accelerator_type: str | None = None
+    #: $ per GPU-hour, for ``cost_usd_per_mtok`` (null: no cost metric)
+    gpu_hour_usd: float | None = Field(default=None, gt=0)
     emulator: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -92,19 +95,6 @@ class BackendConfig(_Model):
         if v not in available_backends():
             raise ValueError(f"unknown backend kind {v!r}; available: {', '.join(available_backends())}")
         return v
-
-
-class BenchConfig(_Model):
-    """Single-stream decode benchmark (conf/bench/*.yaml); see :class:`tasks.types.BenchSpec`."""
-
-    input_len: int = Field(default=128, ge=1)
-    output_len: int = Field(default=128, ge=2)
-    warmup_requests: int = Field(default=1, ge=0)
-    warmup_output_len: int = Field(default=16, ge=1)
-    repeats: int = Field(default=3, ge=1)
-    concurrency: int = Field(default=1, ge=1)
-    request_timeout_s: float = Field(default=60.0, gt=0)
-    seed: int = 0
 
 
 class BudgetConfig(_Model):
@@ -250,7 +240,7 @@ class SweepSpec(_Model):
         return ObjectiveSet.from_config(sw.objective, sw.direction, sw.objective_constraints)
 
     def bench_spec(self) -> BenchSpec:
-        return BenchSpec(**self.bench.model_dump())
+        return self.bench.to_spec()
 
     def timeouts(self) -> Timeouts:
         return Timeouts(**self.backend.timeouts.model_dump())

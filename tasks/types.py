@@ -14,6 +14,28 @@ Phase = Literal["preflight", "startup", "warmup", "bench", "teardown"]
 
 
 @dataclass(frozen=True)
+class SloSpec:
+    """A latency SLO, ms: p99 TTFT and p99 TPOT per load level (``tasks.load_search.Slo``);
+    ``e2e_ms`` (optional) joins TTFT/TPOT as a per-request bound for ``goodput_req_s``
+    (``sglang/benchmark/goodput.py``)."""
+
+    ttft_ms_p99: float
+    tpot_ms_p99: float
+    e2e_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class LoadSearchSpec:
+    """Bounds of the in-trial rate search (``tasks.load_search.max_rate_at_slo``): req/s range,
+    level budget (<= 6) and relative tolerance."""
+
+    rate_lo: float
+    rate_hi: float
+    max_levels: int = 6
+    rel_tol: float = 0.05
+
+
+@dataclass(frozen=True)
 class BenchSpec:
     """The benchmark a trial runs once healthy (its requests are the backend's: SGLang's native
     streaming ``/generate``, vLLM's OpenAI ``/v1/completions``).
@@ -27,6 +49,14 @@ class BenchSpec:
         concurrency: requests in flight at once (1 = single stream).
         request_timeout_s: per-request timeout, s; a stream silent this long is a stall.
         seed: seed of the prompt token ids.
+        workload: a :func:`tasks.workloads.parse_workload` mapping (validated at config time)
+            for serving-under-load benchmarks, or None (the fixed batch-1/concurrency bench above).
+        slo: per-level SLO, or None.
+        load_search: search the highest rate meeting ``slo`` (needs ``workload`` with an open-loop
+            arrival and ``slo``), or None.
+        concurrency_levels: closed-loop levels (e.g. ``(1, 4, 16, 64)``) run on ``workload``;
+            per-level metrics are keyed ``<metric>@c<N>``. Empty: none.
+        incumbent_rate: the best config's ``max_rate_at_slo_req_s`` so far (set by the driver), req/s.
     """
 
     input_len: int = 128
@@ -37,6 +67,11 @@ class BenchSpec:
     concurrency: int = 1
     request_timeout_s: float = 60.0
     seed: int = 0
+    workload: dict[str, Any] | None = None
+    slo: SloSpec | None = None
+    load_search: LoadSearchSpec | None = None
+    concurrency_levels: tuple[int, ...] = ()
+    incumbent_rate: float | None = None
 
 
 @dataclass(frozen=True)
