@@ -270,10 +270,12 @@ class LeaseKeeper(threading.Thread):
 
     def _lose(self, reason: str) -> None:
         self.reason = reason
-        self.lost.set()
         log.error("%s", reason)
-        if self.on_lost:
-            self.on_lost(reason)
+        try:
+            if self.on_lost:
+                self.on_lost(reason)
+        finally:
+            self.lost.set()  # last: whoever waits on it sees the callback's effects
 
     def stop(self) -> None:
         """Stop renewing (the lease stays until released or expired)."""
