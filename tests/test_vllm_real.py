@@ -9,6 +9,7 @@ CI=true, where a missing venv is a failure (.ci/run builds it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -91,22 +92,29 @@ def _run(spec: TrialSpec, tmp_path: Path) -> tuple[TrialResult, float]:
     return res, time.monotonic() - t0
 
 
-def _engine_core_when_busy(tmp_path: Path, timeout: float) -> psutil.Process:
+def _engine_core_when_busy(tmp_path: Path, timeout: float, runner: threading.Thread) -> psutil.Process:
     """The trial's VLLM::EngineCore once its server is running a request (``/metrics``)."""
-    def busy() -> psutil.Process | None:
+    def api_server() -> tuple[str, psutil.Process] | None:
+        assert runner.is_alive(), "the trial ended before its server ran a request"
         for p in _ours(tmp_path):
-            try:
+            with contextlib.suppress(psutil.Error, ValueError):
                 cmd = p.cmdline()
                 if "--port" in cmd and "-m" in cmd:
-                    port = cmd[cmd.index("--port") + 1]
-                    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-                    m = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)", text, re.M)
-                    if m and float(m.group(1)) > 0:
-                        return next(c for c in p.children(recursive=True) if "EngineCore" in c.name())
-            except (psutil.Error, httpx.HTTPError, StopIteration, ValueError):
-                continue
+                    return cmd[cmd.index("--port") + 1], p
         return None
-    return wait_for(busy, timeout, interval=0.2, what="the vLLM server never ran a request")
+
+    port, server = wait_for(api_server, timeout, interval=0.5, what="the trial's vLLM API server")
+
+    def busy() -> psutil.Process | None:
+        assert runner.is_alive(), "the trial ended before its server ran a request"
+        with contextlib.suppress(httpx.HTTPError, psutil.Error, StopIteration, ValueError):
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            m = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)", text, re.M)
+            if m and float(m.group(1)) > 0:
+                return next(c for c in server.children(recursive=True) if "EngineCore" in c.name())
+        return None
+
+    return wait_for(busy, timeout, interval=0.1, what="the vLLM server never ran a request")
 
 
 def test_success_with_ngram_speculation_measures_real_streams(vllm_env, tmp_path):
@@ -147,7 +155,7 @@ def _run_with_fault(tmp_path: Path, sig: signal.Signals, bench: BenchSpec) -> tu
     th = threading.Thread(target=lambda: box.update(zip(("res", "wall"), _run(spec, tmp_path)), t_end=time.monotonic()))
     th.start()
     try:
-        core = _engine_core_when_busy(tmp_path, TIMEOUTS.startup_s + 30)
+        core = _engine_core_when_busy(tmp_path, TIMEOUTS.startup_s + 30, th)
         os.kill(core.pid, sig)
         t_sig = time.monotonic()
     finally:
@@ -156,7 +164,8 @@ def _run_with_fault(tmp_path: Path, sig: signal.Signals, bench: BenchSpec) -> tu
     return box["res"], box["wall"], box["t_end"] - t_sig
 
 
-LONG = BenchSpec(input_len=128, output_len=1024, warmup_requests=0, repeats=8, concurrency=4, request_timeout_s=10)
+# ~15 s of streams (4 waves of 4 x 1800 tokens), so the fault lands mid-benchmark
+LONG = BenchSpec(input_len=128, output_len=1800, warmup_requests=0, repeats=16, concurrency=4, request_timeout_s=10)
 
 
 def test_engine_core_killed_mid_benchmark_is_a_server_crash(vllm_env, tmp_path):
@@ -174,3 +183,49 @@ def test_engine_core_stopped_mid_stream_is_a_bench_stall(vllm_env, tmp_path):
     # the stall is seen after request_timeout_s, the stopped tree SIGKILLed after term_grace_s
     assert after < LONG.request_timeout_s + TIMEOUTS.term_grace_s + 20
     _nothing_left(tmp_path, res)
+
+
+def _trial_states(store: Path) -> dict[str, int]:
+    import sqlite3
+
+    db = store / "optuna.db"
+    if not db.exists():
+        return {}
+    try:
+        with sqlite3.connect(str(db), timeout=1) as c:
+            return dict(c.execute("select state, count(*) from trials group by state").fetchall())
+    except sqlite3.Error:
+        return {}
+
+
+def test_driver_sigkill_mid_trial_then_resume(vllm_env, tmp_path):
+    """SIGKILL the driver while a real vLLM trial serves: its whole tree goes (pdeathsig + the
+    reaper); the same command again fails the stale trial, re-runs its config and finishes."""
+    store = tmp_path / "store"
+    cmd = [sys.executable, str(ROOT / "run_sweep.py"), "backend=vllm", "node=local_cpu", "model=tiny_llama",
+           "sweep=cpu_real", "bench=concurrent8", "bench.repeats=8", "sweep.budget.trials=1", "sweep.confirm.top_k=0",
+           f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}",
+           f"+backend.env.{MARK}={tmp_path}"]
+    log = tmp_path / "run1.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: proc.poll() is None and len(_ours(tmp_path)) >= 3, TIMEOUTS.startup_s,
+                 interval=0.5, what=lambda: f"a serving vLLM tree: {log.read_text()[-2000:]}")
+        os.kill(proc.pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        proc.wait(timeout=10)
+        wait_for(lambda: not _ours(tmp_path), 60, interval=0.5,
+                 what=lambda: f"vLLM processes outlived the driver: {[(p.pid, p.name()) for p in _ours(tmp_path)]}")
+        gone_s = time.monotonic() - t_kill
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _trial_states(store).get("RUNNING") == 1
+    second = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=TIMEOUTS.startup_s + 300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    states = _trial_states(store)
+    # the killed trial is failed as stale, its config re-enqueued and run to the end
+    assert states.get("COMPLETE", 0) >= 1 and states.get("FAIL", 0) >= 1 and not states.get("RUNNING"), states
+    assert not _ours(tmp_path)
+    print(f"vLLM tree gone {gone_s:.1f} s after the driver's SIGKILL")
