@@ -161,3 +161,12 @@ def test_preflight_model_and_gpu_checks_name_the_field(monkeypatch):
 def test_preflight_refuses_a_missing_engine_interpreter():
     r = preflight(get_backend("vllm"), NODE_CPU, MODEL, {**BACKEND, "python": "/nonexistent/python"})
     assert any(e.startswith("backend.python: '/nonexistent/python' does not exist") for e in r.errors)
+
+
+def test_preflight_runs_for_real_engines_only():
+    from tasks.backends.preflight import run_preflight
+
+    assert run_preflight("emulated", NODE_GPU, MODEL, BACKEND) is None
+    assert run_preflight("instant", NODE_GPU, MODEL, BACKEND) is None
+    r = run_preflight("vllm", NODE_CPU, {**MODEL, "path": "/nonexistent"}, {**BACKEND, "python": "/nonexistent/py"})
+    assert r is not None and [e.split(":")[0] for e in r.errors] == ["backend.python", "model.path"]

@@ -200,3 +200,22 @@ def preflight(backend: Backend, node: Mapping[str, Any], model: Mapping[str, Any
     check_model(model, report)
     check_gpus(node, backend_cfg, report)
     return report
+
+
+def is_real_engine(backend: Backend) -> bool:
+    """True for backends that launch a real engine on real hardware (sglang, vllm): they launch a
+    server and check GPUs; the emulated node and the in-process model do not."""
+    return bool(backend.launches_server and backend.checks_gpus and backend.engine in ENGINES)
+
+
+def run_preflight(kind: str, node: Mapping[str, Any], model: Mapping[str, Any],
+                  backend_cfg: Mapping[str, Any]) -> PreflightReport | None:
+    """:func:`preflight` for ``backend.kind`` when it is a real engine, else None (nothing to check).
+
+    The driver calls this before any trial (``spec.node.model_dump()``, ``spec.model.model_dump()``,
+    ``sweeps.config.backend_dict(spec)``): errors -> print them and exit 2, nothing recorded.
+    """
+    from tasks.backends import get_backend
+
+    backend = get_backend(kind)
+    return preflight(backend, node, model, backend_cfg) if is_real_engine(backend) else None
