@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import time
 import zlib
+from contextlib import aclosing
 from typing import Any
 
 from aiohttp import web
+
+from tasks.emulator.request_checks import contract_error, openai_error, value_error
 
 
 def text_to_ids(text: str, vocab: int) -> list[int]:
@@ -85,9 +88,15 @@ class HttpApi:
         if not self.s.ready:
             return web.json_response({"error": "server not ready"}, status=503)
         body = await self._json_body(request)
+        bad = contract_error(body)
+        if bad is not None:
+            return web.json_response({"error": bad}, status=400)
         sp = body.get("sampling_params") or {}
         max_new = int(sp.get("max_new_tokens", 128))
         ids = self._input_ids(body)
+        bad = value_error(ids, max_new, self.s.engine())
+        if bad is not None:
+            return await self._value_error_response(request, bad, bool(body.get("stream")))
         rid = body.get("rid") or f"{self.s.req_counter + 1:032x}"
         t0 = time.monotonic()
         out_ids: list[int] = []
@@ -103,9 +112,10 @@ class HttpApi:
         if body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
-            async for new, vct, done in self.s.generate(ids, max_new, bench=True):
-                out_ids.extend(new)
-                await resp.write(f"data: {json.dumps(chunk(vct, done))}\n\n".encode())
+            async with aclosing(self.s.generate(ids, max_new, bench=True)) as gen:
+                async for new, vct, done in gen:
+                    out_ids.extend(new)
+                    await resp.write(f"data: {json.dumps(chunk(vct, done))}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
@@ -125,7 +135,12 @@ class HttpApi:
             ids = [int(i) for i in prompt]
         else:
             ids = text_to_ids(prompt if isinstance(prompt, str) else " ".join(map(str, prompt)), self.s.vocab)
+        if not isinstance(body.get("max_tokens", 16), int) or isinstance(body.get("max_tokens"), bool):
+            return web.json_response(openai_error("max_tokens must be an integer"), status=400)
         max_new = int(body.get("max_tokens", 16))
+        bad = value_error(ids, max_new, self.s.engine())
+        if bad is not None:
+            return web.json_response(openai_error(bad), status=400)
         model = body.get("model") or self.s.launch.args.get("served_model_name") or self.s.launch.model_path
         cid = f"cmpl-{self.s.req_counter + 1:024x}"
         created = int(time.time())
@@ -137,14 +152,15 @@ class HttpApi:
         if body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
-            async for new, _vct, done in self.s.generate(ids, max_new, bench=True):
-                n_out += len(new)
-                c = {"id": cid, "object": "text_completion", "created": created, "model": model,
-                     "choices": [{"index": 0, "text": ids_to_text(new), "logprobs": None,
-                                  "finish_reason": "length" if done else None}]}
-                if done:
-                    c["usage"] = usage()
-                await resp.write(f"data: {json.dumps(c)}\n\n".encode())
+            async with aclosing(self.s.generate(ids, max_new, bench=True)) as gen:
+                async for new, _vct, done in gen:
+                    n_out += len(new)
+                    c = {"id": cid, "object": "text_completion", "created": created, "model": model,
+                         "choices": [{"index": 0, "text": ids_to_text(new), "logprobs": None,
+                                      "finish_reason": "length" if done else None}]}
+                    if done:
+                        c["usage"] = usage()
+                    await resp.write(f"data: {json.dumps(c)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
@@ -155,6 +171,19 @@ class HttpApi:
         return web.json_response({"id": cid, "object": "text_completion", "created": created, "model": model,
                                   "choices": [{"index": 0, "text": ids_to_text(toks), "logprobs": None,
                                                "finish_reason": "length"}], "usage": usage()})
+
+    async def _value_error_response(self, request: web.Request, message: str, stream: bool) -> web.StreamResponse:
+        """SGLang's answer to a request its tokenizer manager rejects (a ValueError): 400
+        ``{"error": {"message"}}``, or, when streaming, 200 with one error event and ``[DONE]``
+        (srt/entrypoints/http_server.py ``serve_generate_request``, ``_create_error_response``)."""
+        if not stream:
+            return web.json_response({"error": {"message": message}}, status=400)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        err = {"error": {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}}
+        await resp.write(f"data: {json.dumps(err)}\n\n".encode() + b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
     async def h_server_info(self, request: web.Request) -> web.Response:
         """``/server_info``: server args, internal states, version and the emulator block."""

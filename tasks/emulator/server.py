@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tasks.emulator.eagle import accepted_from_uniform
+from tasks.emulator.engine import ServingEngine
 from tasks.emulator.flags import LaunchArgError
 from tasks.emulator.http_api import HttpApi
 from tasks.emulator.launch import LaunchConfig, parse_launch
@@ -73,7 +72,7 @@ class EmulatedServer:
         self.ready = False
         self.children: list[subprocess.Popen] = []
         self.runner: web.AppRunner | None = None
-        self.perf_cache: dict[int, Prediction] = {}
+        self._engine: ServingEngine | None = None
         self.active = 0
         self.req_counter = 0
         self.bench_tokens = 0
@@ -153,7 +152,10 @@ class EmulatedServer:
 
     async def bind(self) -> None:
         """Open the HTTP port (``/health`` answers 503 until ready)."""
-        self.runner = web.AppRunner(HttpApi(self).app(), access_log=None, handle_signals=False)
+        # handler_cancellation: a client that disconnects cancels its handler, which aborts its
+        # request in the scheduler (streaming or not), so it stops holding a slot and KV.
+        self.runner = web.AppRunner(HttpApi(self).app(), access_log=None, handle_signals=False,
+                                    handler_cancellation=True)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.launch.host, self.launch.port, reuse_address=True)
         await site.start()
@@ -206,13 +208,12 @@ class EmulatedServer:
         return f"[{stamp}{' ' + tag if tag else ''}]"
 
     # ---------------------------------------------------------------- generation
-    def perf(self, batch: int) -> Prediction:
-        """The model's prediction at decode batch ``batch`` (cached)."""
-        p = self.perf_cache.get(batch)
-        if p is None:
-            p = evaluate(self.profile, self.launch, batch=batch)
-            self.perf_cache[batch] = p
-        return p
+    def engine(self) -> ServingEngine:
+        """The batching engine (created at the first request: only a healthy server has one)."""
+        if self._engine is None:
+            http_s = self.profile["node"]["emulator"]["startup"]["http_overhead_ms"] / 1000.0
+            self._engine = ServingEngine(self.profile, self.launch, self.pred, http_overhead_s=http_s, seed=self.seed)
+        return self._engine
 
     async def _maybe_fault(self) -> None:
         if self.fault not in BENCH_FAULTS:
@@ -238,57 +239,53 @@ class EmulatedServer:
             self.stalled.set()
 
     async def generate(self, input_ids: list[int], max_new: int, bench: bool):
-        """Async generator of (new_token_ids, verify_passes_so_far, finished) at modelled times."""
-        loop_t0 = time.monotonic()
-        self.active += 1
+        """Async generator of (new_token_ids, verify_passes_so_far, finished) at the batching
+        scheduler's times; closing it early (client gone, handler cancelled) aborts the request.
+
+        Raises:
+            RequestRejected: the request can never fit the KV pool.
+        """
+        eng = self.engine()
         self.req_counter += 1
+        self.active += 1
         if bench and self.first_bench_t is None:
-            self.first_bench_t = loop_t0
+            self.first_bench_t = time.monotonic()
+        key = prompt_key(input_ids)
+        vocab, corrupt = self.vocab, self.fault == "corrupt_tokens"
+
+        def tid(pos: int) -> int:
+            t = token_id(key, pos, vocab)
+            return (t + 7919) % vocab if corrupt and pos >= 1 else t
+
+        max_new = max(1, int(max_new))
+        rid = eng.submit(len(input_ids), max_new)
+        spec = self.launch.speculative
+        pos = cycles = 0
+        t_first = None
+        finished = False
         try:
-            perf = self.perf(self.active)
-            key = prompt_key(input_ids)
-            vocab = self.vocab
-            corrupt = self.fault == "corrupt_tokens"
-
-            def tid(pos: int) -> int:
-                t = token_id(key, pos, vocab)
-                return (t + 7919) % vocab if corrupt and pos >= 1 else t
-
-            max_new = max(1, int(max_new))
-            t_first = loop_t0 + perf.ttft_ms / 1000.0 / self.factor
-            await self.sleep_until(t_first)
-            spec = self.launch.speculative
-            pos, cycles = 1, (0 if spec else 1)
-            yield [tid(0)], max(cycles, 1) if max_new == 1 else cycles, max_new == 1
-            if bench:
-                self.bench_tokens += 1
-            interval = (perf.t_cycle_ms if spec else perf.itl_ms) / 1000.0 / self.factor
-            probs = perf.spec.get("position_probs", [])
-            rng = random.Random(zlib.crc32(f"{self.seed}|{self.req_counter}|{key}".encode()))
-            u0 = rng.random()
-            k = 0
-            while pos < max_new:
-                if bench:
+            async for ch in eng.stream(rid):
+                if bench and ch.index > 0:
                     await self._maybe_fault()
                 if self.stalled.is_set():
                     await asyncio.Event().wait()
-                k += 1
-                await self.sleep_until(t_first + k * interval)
-                n = accepted_from_uniform(probs, (u0 + k * GOLDEN) % 1.0) if spec else 1
-                n = min(n, max_new - pos)
-                new = [tid(pos + j) for j in range(n)]
-                pos += n
-                cycles += 1
+                t_first = time.monotonic() if t_first is None else t_first
+                new = [tid(pos + j) for j in range(ch.tokens)]
+                pos += ch.tokens
+                cycles += 1 if (ch.index > 0 or not spec) else 0
                 if bench:
-                    self.bench_tokens += n
-                yield new, cycles, pos >= max_new
-            el = time.monotonic() - t_first
-            if pos > 1 and el > 0:
-                self.last_rate = (pos - 1) / el
-            if spec and cycles:
-                self.last_tau = pos / max(cycles, 1)
+                    self.bench_tokens += ch.tokens
+                finished = ch.finished
+                yield new, max(cycles, 1) if finished else cycles, finished
         finally:
             self.active -= 1
+            if not finished:
+                eng.abort(rid)
+        el = time.monotonic() - t_first if t_first is not None else 0.0
+        if pos > 1 and el > 0:
+            self.last_rate = (pos - 1) / el
+        if spec and cycles:
+            self.last_tau = pos / max(cycles, 1)
 
 
 def main(argv: list[str] | None = None) -> None:
