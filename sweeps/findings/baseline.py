@@ -13,6 +13,7 @@ from typing import Any
 
 import sweeps.findings.measure as M
 from sweeps import records as R
+from sweeps.findings.best import Measured, baseline_measured, best_of, measured
 from sweeps.findings.context import Context, fp_hash
 from sweeps.findings.text import cfg, fmt, row, trials
 from sweeps.objective import Objective
@@ -33,18 +34,21 @@ def entry_value(e: Mapping[str, Any], obj: Objective) -> float | None:
 
 
 def baseline_entry(ctx: Context, records: Sequence[R.TrialRecord]) -> dict[str, Any] | None:
-    """This sweep's baseline as a data-block entry (study, date, objective, value — also
-    as ``tok_s`` when the objective is decode_tok_s —, config, trials, fingerprint and its
-    hash), or None when the baseline has not run ok yet."""
+    """This sweep's baseline as a data-block entry (study, date, objective, value — the
+    confirmation's mean where it re-measured the baseline, else the sweep's measurement;
+    also as ``tok_s`` when the objective is decode_tok_s —, ``confirmed_runs`` (0: single
+    measurement), config, trials, fingerprint and its hash), or None when the baseline has
+    not run ok yet."""
     obj = ctx.objective
-    val = M.baseline_value(records, obj)
+    bm = baseline_measured(records, ctx.confirmation, obj)
+    val = bm.value
     if val is None:
         return None
     runs = [r for r in records if r.is_baseline and M.value_of(r, obj) is not None]
     config = runs[0].params if runs else dict(ctx.baseline_config)
     e = {"study": ctx.study, "date": ctx.now, "objective": obj.name, "value": round(val, 3), "config": config,
          "trials": [r.number for r in runs], "fingerprint": dict(ctx.fingerprint),
-         "fingerprint_hash": fp_hash(ctx.fingerprint)}
+         "fingerprint_hash": fp_hash(ctx.fingerprint), "confirmed_runs": bm.n}
     if obj.name == LEGACY_OBJECTIVE:
         e["tok_s"] = e["value"]
     return e
@@ -85,7 +89,19 @@ def baseline_drift(hist: Sequence[Mapping[str, Any]], study: str, obj: Objective
     change = b / a - 1.0
     return {"from": a, "to": b, "change": change, "since": prev.get("study"), "date": prev.get("date"),
             "moved": abs(change) > DRIFT_THRESHOLD or bool(cfg_changes) or bool(env_changes),
-            "config_changes": cfg_changes, "env_changes": env_changes}
+            "config_changes": cfg_changes, "env_changes": env_changes, "prev": dict(prev), "cur": dict(cur)}
+
+
+def _how(e: Mapping[str, Any] | None) -> str:
+    """How a data-block baseline entry was measured (entries without ``confirmed_runs``
+    predate confirmation: a single measurement)."""
+    n = int((e or {}).get("confirmed_runs") or 0)
+    return Measured(0.0, n=n).how()
+
+
+def _measured_note(drift: Mapping[str, Any]) -> str:
+    a, b = _how(drift.get("prev")), _how(drift.get("cur"))
+    return f"both {a}s" if a == b == "single measurement" else f"{fmt(drift['from'])}: {a}; {fmt(drift['to'])}: {b}"
 
 
 def _drift_lines(drift: Mapping[str, Any] | None, obj: Objective) -> list[str]:
@@ -94,7 +110,7 @@ def _drift_lines(drift: Mapping[str, Any] | None, obj: Objective) -> list[str]:
     a, b = fmt(drift["from"]), M.value_text(drift["to"], obj)
     if not drift["moved"]:
         return ["", f"Baseline unchanged within ±{DRIFT_THRESHOLD * 100:.0f} % since sweep `{drift['since']}` "
-                    f"({a} -> {b})."]
+                    f"({a} -> {b}) — {_measured_note(drift)}."]
     why = []
     if drift["config_changes"]:
         why.append("baseline config changed: " + ", ".join(f"{k} {x} -> {y}" for k, x, y in drift["config_changes"]))
@@ -103,23 +119,27 @@ def _drift_lines(drift: Mapping[str, Any] | None, obj: Objective) -> list[str]:
     if not why:
         why.append("same config and environment: node state or run-to-run variation")
     return ["", f"**Baseline moved: {a} -> {b} ({drift['change'] * 100:+.1f} %) "
-                f"since sweep `{drift['since']}` ({drift['date']}).** " + "; ".join(why) + "."]
+                f"since sweep `{drift['since']}` ({drift['date']}).** " + "; ".join(why)
+                + f" (measured: {_measured_note(drift)})."]
 
 
 def _plain_reference_lines(ctx: Context, recs: Sequence[R.TrialRecord], base: float | None) -> list[str]:
     """A plain-decoding config that beat the declared baseline by more than the noise: the
-    reference speculative configs must beat."""
+    reference speculative configs must beat. Judged on confirmed means where confirmation
+    re-measured a config (:func:`~sweeps.findings.best.measured`), so a lucky draw that did
+    not hold up is never quoted."""
     obj = ctx.objective
     plain = [r for r in recs if r.duplicate_of is None and r.params.get("speculative", "none") in ("none", None)]
-    bp = M.best_record(plain, obj)
+    bp = best_of(plain, ctx.confirmation, obj)
     if not base or bp is None or bp.is_baseline:
         return []
-    v = M.value_of(bp, obj)
+    m = measured(bp, ctx.confirmation, obj)
+    v = m.value
     if not obj.ratio(v, base) > 1 + DRIFT_THRESHOLD:
         return []
     diff = [(k, ctx.baseline_config.get(k), x) for k, x in bp.params.items() if ctx.baseline_config.get(k) != x]
     return ["", f"**The plain-decoding reference moved in this sweep: {fmt(base)} -> {M.value_text(v, obj)} "
-                f"({obj.ratio(v, base):.2f}x) with " + ", ".join(f"{k} {a} -> {b}" for k, a, b in diff)
+                f"({obj.ratio(v, base):.2f}x; {m.how()}) with " + ", ".join(f"{k} {a} -> {b}" for k, a, b in diff)
                 + f" (t{bp.number}).** Speculative configs must beat this, not only the declared baseline; "
                 "consider it as `sweep.baseline` for the next sweep."]
 
@@ -136,8 +156,13 @@ def baseline_section(ctx: Context, recs: Sequence[R.TrialRecord], base: float | 
                  "against the baseline measured in the same sweep.")
     else:
         b_trials = [r.number for r in recs if r.is_baseline and r.status == "ok"]
+        bm = baseline_measured(recs, ctx.confirmation, obj)
+        how = (f"{bm.how()}; the sweep's own measurement: {M.value_text(M.baseline_value(recs, obj), obj)}, "
+               f"{trials(b_trials)}" if bm.confirmed else
+               f"measured in this sweep, {trials(b_trials)}; "
+               + ("single measurement" if len(b_trials) == 1 else f"median of {len(b_trials)} runs"))
         L.append(f"**{M.value_text(base, obj)}** — {cfg(cur_entry['config'] if cur_entry else ctx.baseline_config)} "
-                 f"(measured in this sweep, {trials(b_trials)}). Every speedup below is against this number.")
+                 f"({how}). Every speedup below is against this number.")
     failed_base = [r for r in recs if r.is_baseline and r.status in ("failed", "infra_error")]
     if base is None and failed_base:
         L.append(f"The baseline did not run: {failed_base[-1].failure_class} ({trials(r.number for r in failed_base)}).")

@@ -8,6 +8,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sweeps.findings.measure import objective_of
@@ -32,6 +33,10 @@ class Context:
         mapping: failure class -> implicated knobs (``conf/failure_knobs.yaml``).
         confirmation: the winner confirmation (``sweeps.confirm``), or None.
         now: timestamp shown as "updated" (ISO-8601).
+        backend_cfg: the ``backend`` config (what the deployable command is rendered with).
+        emulated: True when the numbers are the emulated node's (``Backend.emulated``).
+        plots_dir: where the report writes this study's plots (``<store>/reports/<study>``), or None.
+        findings_path: the document's path (plots are linked relative to it), or None.
     """
 
     study: str
@@ -48,10 +53,37 @@ class Context:
     mapping: dict[str, list[str]] = field(default_factory=dict)
     confirmation: dict[str, Any] | None = None
     now: str = ""
+    backend_cfg: dict[str, Any] = field(default_factory=dict)
+    emulated: bool = False
+    plots_dir: Path | None = None
+    findings_path: Path | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.objective, str):
             self.objective = Objective(self.objective)
+
+    def where(self) -> str:
+        """`` (emulated 8× RTX PRO 6000 node)`` when the numbers are the emulated node's, else ''."""
+        if not self.emulated:
+            return ""
+        gpu = str(self.node.get("gpu_name", "GPU")).replace("NVIDIA ", "").replace(" Server Edition", "")
+        return f" (emulated {self.node.get('gpus', '?')}×{gpu} node)"
+
+    def deploy_command(self, params: Mapping[str, Any], recorded: str) -> tuple[str, str]:
+        """(the command to deploy ``params`` on the target node with the real engine, what it is).
+
+        The backend's ``deploy_command`` (the render the dry run validates, with the real
+        engine's launcher); ``recorded`` (the trial's launch command) with a note when the
+        backend cannot render it (unknown backend, a knob the engine version lacks).
+        """
+        try:
+            from tasks.backends import get_backend
+
+            cmd = get_backend(self.backend).deploy_command(params, self.node, self.model, self.backend_cfg)
+            return cmd, f"deployable command for `{self.node.get('name', 'the target node')}` (real engine)"
+        except Exception as e:  # noqa: BLE001 - fallback: the recorded launch command, marked as such
+            log.info("findings: no deployable command (%s); showing the recorded launch command", e)
+            return recorded or "(launch command not recorded)", f"recorded launch command (not deployable: {e})"
 
 
 def fp_hash(fp: Mapping[str, Any]) -> str:
@@ -95,7 +127,18 @@ def context_from_spec(spec: Any, study_name: str, fingerprint: Mapping[str, str]
         space=_cached_space(spec), rules=rule_list, mapping=mapping,
         confirmation=dict(confirmation) if confirmation else None,
         now=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
+        backend_cfg=spec.backend.model_dump(), emulated=_emulated(spec.backend.kind),
+        plots_dir=Path(spec.store_dir) / "reports" / study_name, findings_path=Path(spec.findings_path),
     )
+
+
+def _emulated(kind: str) -> bool:
+    try:
+        from tasks.backends import get_backend
+
+        return bool(getattr(get_backend(kind), "emulated", False))
+    except ValueError:
+        return False
 
 
 # Building a SearchSpace costs more than a findings write on large spaces; one per space.

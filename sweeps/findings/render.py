@@ -9,6 +9,7 @@ from typing import Any
 import sweeps.findings.measure as M
 from sweeps import records as R
 from sweeps.findings.baseline import LEGACY_OBJECTIVE, baseline_entry, baseline_history, baseline_section
+from sweeps.findings.best import baseline_measured, best_of, measured
 from sweeps.findings.context import Context
 from sweeps.findings.dead_ends import dead_ends_section
 from sweeps.findings.document import BEGIN, END, HEADER, data_line
@@ -31,7 +32,7 @@ def _winner(recs: Sequence[R.TrialRecord], conf: Mapping[str, Any] | None, obj: 
             ) -> tuple[R.TrialRecord | None, Mapping[str, Any] | None]:
     """(the best record on ``obj``: the confirmed winner where confirmation named one; its
     confirmation entry)."""
-    best = M.best_record(recs, obj)
+    best = best_of(recs, conf, obj)
     if conf and conf.get("winner") is not None:
         best = next((r for r in recs if r.number == conf["winner"]), best)
         return best, next((e for e in conf.get("entries", []) if e.get("trial") == conf["winner"]), None)
@@ -43,7 +44,7 @@ def _sweeps_data(ctx: Context, recs: Sequence[R.TrialRecord], best: R.TrialRecor
     """(earlier sweeps of the document, the remembered sweeps including this one)."""
     prev = [e for e in (old_data.get("sweeps") or []) if isinstance(e, dict) and e.get("study") != ctx.study]
     obj = ctx.objective
-    best_v = M.value_of(best, obj) if best else None
+    best_v = measured(best, ctx.confirmation, obj).value if best else None
     this = {"study": ctx.study, "date": ctx.now, "objective": obj.name, "best_value": best_v,
             "best_config": best.params if best else None, "best_trial": best.number if best else None,
             "baseline_value": base, "launched": sum(r.launched for r in recs)}
@@ -66,10 +67,10 @@ def render_section(ctx: Context, records: Sequence[R.TrialRecord],
     old_data = old_data or {}
     recs = list(records)
     obj = ctx.objective
-    base = M.baseline_value(recs, obj)
+    conf = ctx.confirmation or None
+    base = baseline_measured(recs, conf, obj).value  # the one baseline: confirmed mean where re-measured
     cur_entry = baseline_entry(ctx, recs)
     hist = baseline_history(old_data, cur_entry, ctx.study)
-    conf = ctx.confirmation or None
     best, winner_entry = _winner(recs, conf, obj)
     gk, groups = build_groups(ctx.space, recs)
     prev, sweeps = _sweeps_data(ctx, recs, best, base, old_data)
@@ -80,7 +81,7 @@ def render_section(ctx: Context, records: Sequence[R.TrialRecord],
     L += [counts_line(ctx, recs), "", M.describe(obj), ""]
     L += environment_section(ctx)
     L += baseline_section(ctx, recs, base, cur_entry, hist)
-    L += best_section(best, base, conf, winner_entry, obj)
+    L += best_section(best, base, conf, winner_entry, obj, ctx)
     L += approaches_section(gk, groups, base, obj)
     L += dead_ends_section(ctx, recs, base)
     L += untried_section(ctx, recs, groups, gk)

@@ -9,9 +9,10 @@ from typing import Any
 
 import sweeps.findings.measure as M
 from sweeps import records as R
+from sweeps.findings.best import measured
 from sweeps.findings.context import Context, fp_hash
 from sweeps.findings.groups import Group, best_in, outcome
-from sweeps.findings.text import cfg, fmt, row
+from sweeps.findings.text import cfg, code, fmt, row
 from sweeps.objective import Objective
 
 MAX_GROUP_ROWS = 40
@@ -95,21 +96,32 @@ def _metrics_line(m: Mapping[str, float], obj: Objective) -> str:
 
 
 def best_section(best: R.TrialRecord | None, base: float | None, conf: Mapping[str, Any] | None,
-                 winner_entry: Mapping[str, Any] | None, obj: Objective | None = None) -> list[str]:
-    """The "Best config" section (the confirmed winner where confirmation ran; best on the
-    objective, default decode_tok_s, otherwise) and the "Confirmation" table."""
+                 winner_entry: Mapping[str, Any] | None, obj: Objective | None = None,
+                 ctx: Context | None = None) -> list[str]:
+    """The "Best config" section (the confirmed winner where confirmation ran, quoted at its
+    confirmed mean; best on the objective, default decode_tok_s, otherwise), its deployable
+    command (``ctx``'s backend; the recorded launch command without ``ctx``) and the
+    "Confirmation" table."""
     obj = obj or Objective()
     L = ["### Best config", ""]
-    v = M.value_of(best, obj) if best is not None else None
+    m = measured(best, conf, obj) if best is not None else None
+    v = m.value if m else None
     if best is None or v is None:
         L.append("No successful trial yet.")
     else:
         sp = obj.ratio(v, base) if base and v else None
         L.append(f"**t{best.number}: {M.value_text(v, obj)}**"
-                 + (f", **{sp:.2f}x** {M.versus_baseline(obj)}" if sp else "") + f" — {cfg(best.params)}")
+                 + (f", **{sp:.2f}x** {M.versus_baseline(obj)}" if sp else "") + f" — {cfg(best.params)}"
+                 + (ctx.where() if ctx else ""))
         L.append(_metrics_line(best.metrics, obj))
-        L.append(_confirmed_line(winner_entry, conf, obj))
-        L += ["", "```bash", best.launch_command or "(launch command not recorded)", "```"]
+        single = (f" The sweep's single measurement of t{best.number} was {M.value_text(M.value_of(best, obj), obj)}."
+                  if m.confirmed else "")
+        L.append(_confirmed_line(winner_entry, conf, obj) + single)
+        cmd, what = (ctx.deploy_command(best.params, best.launch_command) if ctx
+                     else (best.launch_command or "(launch command not recorded)", "recorded launch command"))
+        L += ["", f"To deploy it ({what}):", "", "```bash", cmd, "```"]
+        if best.launch_command and best.launch_command != cmd:
+            L += ["", f"What the sweep launched{ctx.where() if ctx else ''}: {code(best.launch_command)}"]
     L.append("")
     if conf:
         L += ["### Confirmation", ""] + confirmation_lines(conf, obj) + [""]

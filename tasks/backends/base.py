@@ -39,6 +39,7 @@ class Backend:
         kind: ``backend.kind`` this module serves (``"sglang"``, ``"emulated"``, ...).
         engine: the engine whose flags and HTTP API it speaks (``"sglang"`` | ``"vllm"``).
         launches_server: False when trials run in-process (no ports, no server process).
+        emulated: True when the numbers are the emulated node's, not a real engine's on real GPUs.
         checks_gpus: True for real engines: NVML checks the assigned GPUs are free before
             launch and released after teardown.
         ports: names of the TCP ports one trial reserves, in the order
@@ -52,6 +53,7 @@ class Backend:
     kind: str = ""
     engine: str = "sglang"
     launches_server: bool = True
+    emulated: bool = False
     checks_gpus: bool = True
     ports: tuple[str, ...] = ("port",)
     health_path: str = "/health"

@@ -21,6 +21,7 @@ class EmulatedBackend(SGLangBackend):
     """SGLang's launch and API against the emulated server; no NVML checks (no GPUs)."""
 
     kind = "emulated"
+    emulated = True
     checks_gpus = False
 
     def profile(self, node: Mapping[str, Any], model: Mapping[str, Any],
