@@ -1,11 +1,12 @@
 """Benchmark client over SGLang's native streaming ``/generate`` (token ids, no tokenizer).
 
-Metric definitions (ITL follows ``sglang.bench_serving``: the gap
-between successive content chunks):
+Metric definitions:
 
 * TTFT (ms): request sent -> first chunk carrying output tokens.
-* ITL (ms): gaps between successive content chunks (with EAGLE a chunk carries the
-  tokens accepted in one verify cycle).
+* ITL (ms), per token as SGLang 0.5.23's ``sglang/benchmark/serving.py:790-797``
+  (``adjust_itl``): a chunk carrying n new tokens after a gap g adds g / n, n times (with
+  EAGLE a chunk carries the tokens accepted in one verify cycle); see
+  :meth:`tasks.serving_metrics.RequestRecord.itls_s`.
 * decode tok/s of one request = (output tokens - 1) / (t_last_token - t_first_token);
   the objective is its median over the measured repeats.
 * output tok/s = all measured output tokens / wall time of the measured phase (TTFT
@@ -27,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from tasks import serving_metrics
 from tasks.stats import percentile
 from tasks.types import BenchSpec
 
@@ -59,7 +61,13 @@ class RequestRecord:
 
     @property
     def itl_ms(self) -> list[float]:
-        return [(b - a) * 1e3 for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+        """Per-token ITLs, ms (chunk gap / tokens in the chunk, repeated per token)."""
+        return [float(x) * 1e3 for x in self.to_serving().itls_s()]
+
+    def to_serving(self, prompt_len: int = 0) -> serving_metrics.RequestRecord:
+        """The same stream as a :class:`tasks.serving_metrics.RequestRecord`."""
+        return serving_metrics.RequestRecord.from_cumulative(self.t_send, self.chunk_times, self.chunk_tokens,
+                                                             prompt_len, end_s=self.t_done)
 
     @property
     def decode_tok_s(self) -> float:
@@ -228,3 +236,9 @@ def fetch_server_info(base_url: str, timeout_s: float = 5.0) -> dict[str, Any]:
         except (httpx.HTTPError, ValueError):
             continue
     return {}
+
+
+if __name__ == "__main__":  # python -m tasks.bench --url URL ...: see tasks.bench_cli
+    from tasks.bench_cli import main
+
+    raise SystemExit(main())
