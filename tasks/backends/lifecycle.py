@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from tasks import trial_load
 from tasks.bench import BenchError
 from tasks.failures import KIND, classify
 from tasks.redact import redact_argv, redact_env, redact_text
@@ -38,6 +39,7 @@ class Backend(Protocol):
     ports: tuple[str, ...]
     health_path: str
     checks_gpus: bool
+    engine: str
 
     def fingerprint(self, profile: Mapping[str, Any] | None, gpu_indices: list[int] | None) -> dict[str, str]: ...
     def server_argv(self, argv: Sequence[str], host: str, ports: Sequence[int]) -> list[str]: ...
@@ -127,6 +129,9 @@ def _measure(backend: Backend, srv: ServerProcess, spec: TrialSpec, res: TrialRe
     t_bench = time.monotonic()
     try:
         metrics, records = backend.benchmark(srv.base_url, spec.bench, spec.timeouts.bench_s)
+        if trial_load.wants_load(spec.bench):  # load search / concurrency levels on the same server
+            metrics, records = trial_load.with_load(backend.engine, srv.base_url, spec.bench, metrics, records,
+                                                    t_bench, spec.timeouts.bench_s)
     except BenchError as e:
         # a lost connection usually means the server is exiting: wait for its code
         rc = srv.returncode() if e.kind == "stall" else srv.wait_exit(2.0)
