@@ -71,7 +71,8 @@ def duplicate(study: optuna.Study, number: int, key: str, running: Iterable[tupl
         copy = (R.A_FAILURE_CLASS, R.A_FAILURE_KIND, R.A_SIGNATURE)
     else:
         src = None
-    attrs.update({k: src.user_attrs[k] for k in copy if src is not None and k in src.user_attrs})
+    facts = R.outcome_attrs(src) if src is not None else {}
+    attrs.update({k: facts[k] for k in copy if k in facts})
     return Skip("duplicate", attrs, status="duplicate", source=src)
 
 

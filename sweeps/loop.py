@@ -26,6 +26,7 @@ from sweeps.config import SweepSpec, backend_dict
 from sweeps.executor import Executor, RayExecutor, collect, retry_reason
 from sweeps.preflight import check_launcher, emulator_profile, ensure_writable
 from sweeps.publish import Publisher, guard
+from sweeps.record_io import write_outcome
 from sweeps.space import SearchSpace
 from tasks.backends import get_backend
 from tasks.types import TrialResult, TrialSpec
@@ -230,8 +231,7 @@ class Driver:
     def _answer(self, trial: optuna.trial.Trial, skip: gates.Skip) -> None:
         """Store a gated proposal's facts and tell Optuna (no GPU time spent)."""
         self.consecutive_skips += 1
-        for k, v in skip.attrs.items():
-            trial.set_user_attr(k, v)
+        write_outcome(trial, skip.attrs, f"trial {trial.number}")
         S.tell(self.study, trial, S.verdict_for(skip.status, source=skip.source))
         self._pending_flush = True
 
@@ -301,9 +301,7 @@ class Driver:
             R.A_NODE: res.node, R.A_ATTEMPTS: f.attempt, R.A_LOG_TAIL: res.log_tail[-4000:],
             R.A_TIMINGS: {"startup_s": res.startup_s, "bench_s": res.bench_s, "gpu_s": res.gpu_s, "wall_s": res.wall_s},
         }
-        for k, v in attrs.items():
-            with guard(f"store {k} for trial {t.number}"):
-                t.set_user_attr(k, v)
+        write_outcome(t, attrs, f"trial {t.number}")  # one record; a lock past the retry budget stops the sweep
         verdict = S.verdict_for(res.status, failure_kind=res.failure_kind, metrics=metrics,
                                 objectives=self.objectives,
                                 degraded=R.DEGRADED in res.perf_tags and f.params.get("allreduce") not in (None, "nccl"))

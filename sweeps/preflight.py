@@ -15,8 +15,9 @@ from tasks.backends import get_backend
 def sweep_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that end a sweep with a message (exit 1), not a traceback."""
     from sweeps.cluster import RayUnavailable
+    from sweeps.store_retry import StoreWriteError
 
-    return (SweepError, ConfigError, RayUnavailable)
+    return (SweepError, ConfigError, RayUnavailable, StoreWriteError)
 
 
 def emulator_profile(spec: SweepSpec) -> dict[str, Any] | None:

@@ -39,6 +39,8 @@ A_ATTEMPTS = "attempts"
 A_CONFIG_KEY = "config_key"
 A_LOG_TAIL = "log_tail"
 A_VIOLATED = "violated_constraints"
+#: the whole outcome in one attribute (sweeps.record_io.OutcomeRecord); older studies lack it
+A_RECORD = "record"
 
 
 def config_key(params: dict[str, Any]) -> str:
@@ -114,8 +116,9 @@ def feasible(r: TrialRecord, objective: Objective | ObjectiveSet | None = None) 
 
 
 def record_from_trial(t: FrozenTrial) -> TrialRecord:
-    """Build a :class:`TrialRecord` from an Optuna trial's params and user attributes."""
-    u = t.user_attrs
+    """Build a :class:`TrialRecord` from an Optuna trial's params and user attributes
+    (the one ``record`` attribute first, then the per-fact attributes of older studies)."""
+    u = outcome_attrs(t)
     return TrialRecord(
         number=t.number,
         state=t.state.name,
@@ -140,6 +143,12 @@ def record_from_trial(t: FrozenTrial) -> TrialRecord:
         datetime_start=t.datetime_start,
         datetime_complete=t.datetime_complete,
     )
+
+
+def outcome_attrs(t: FrozenTrial) -> dict[str, Any]:
+    """A trial's outcome facts keyed by the ``A_*`` names: its ``record`` attribute over the
+    per-fact attributes (studies written before the record existed have only those)."""
+    return {**t.user_attrs, **(t.user_attrs.get(A_RECORD) or {})}
 
 
 def load_records(study: optuna.Study) -> list[TrialRecord]:

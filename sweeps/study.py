@@ -22,9 +22,11 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from sweeps import records as R
+from sweeps import sqlite_tuning
 from sweeps.config import SweepSpec
 from sweeps.objective import ObjectiveSet
 from sweeps.space import SearchSpace, seed_configs
+from sweeps.store_retry import StoreWriteError, retrying
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
@@ -97,8 +99,8 @@ def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
 
 def _storage(spec: SweepSpec) -> optuna.storages.RDBStorage:
     sqlite = spec.optuna_storage.startswith("sqlite")
-    return optuna.storages.RDBStorage(spec.optuna_storage,
-                                      engine_kwargs={"connect_args": {"timeout": 30}} if sqlite else {})
+    return optuna.storages.RDBStorage(spec.optuna_storage, engine_kwargs={
+        "connect_args": {"timeout": sqlite_tuning.BUSY_TIMEOUT_MS / 1000}} if sqlite else {})
 
 
 def open_study(spec: SweepSpec, name: str | None = None) -> optuna.Study:
@@ -261,9 +263,13 @@ def verdict_for(status: str, *, failure_kind: str | None = None, metrics: Mappin
 def tell(study: optuna.Study, trial: Trial | int, verdict: Verdict) -> None:
     """Tell ``study`` the ``verdict`` for ``trial`` (a live Trial or a trial number).
 
-    A tell problem is logged, never raised: the sweep goes on.
+    A lock/busy error is retried (:func:`sweeps.store_retry.retrying`); any other tell problem
+    is logged, never raised: the sweep goes on.
+
+    Raises:
+        StoreWriteError: the store stayed locked for the whole retry budget.
     """
-    try:
+    def once() -> None:
         if verdict.constraint is not None and isinstance(trial, Trial):
             trial.set_constraint(FEASIBLE, verdict.constraint)
         if verdict.state == TrialState.COMPLETE:
@@ -271,5 +277,10 @@ def tell(study: optuna.Study, trial: Trial | int, verdict: Verdict) -> None:
             study.tell(trial, values=vals[0] if len(vals) == 1 else vals)
         else:
             study.tell(trial, state=verdict.state)
+
+    try:
+        retrying(once, f"tell trial {getattr(trial, 'number', trial)}")
+    except StoreWriteError:
+        raise
     except Exception as e:  # noqa: BLE001 - a tell problem is logged, never crashes the sweep
         log.error("study.tell failed for trial %s: %s", getattr(trial, "number", trial), e)

@@ -55,7 +55,7 @@ def test_best_run_follows_objective_and_direction(tmp_path, metric, direction):
     assert drv.study.direction.name == direction.upper()
     # Optuna was told the objective's metric, nothing else
     for t in drv.study.get_trials(states=(TrialState.COMPLETE,)):
-        assert t.value == pytest.approx(t.user_attrs["metrics"][metric])
+        assert t.value == pytest.approx(R.record_from_trial(t).metrics[metric])
     parent, kids = _children(spec, "smoke")
     ok = _eligible(kids, metric)
     assert len(ok) >= 3

@@ -1,0 +1,147 @@
+"""Store faults: a long lock on the Optuna DB while a trial finishes.
+
+Another process's ``BEGIN EXCLUSIVE`` on ``optuna.db`` outlasting SQLite's busy timeout
+(shortened here to 0.3 s so the test is quick) must neither drop part of a trial's outcome
+nor crash the sweep: the one-record write is retried with backoff and, after the lock is
+released, the record is complete. A lock outlasting the whole retry budget stops the sweep
+with a clear error and leaves no half-recorded trial (a resume recovers it).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import pytest
+from optuna.trial import TrialState
+
+from sweeps import records as R
+from sweeps import sqlite_tuning, store_retry
+from sweeps.config import load_spec
+from sweeps.inprocess import InProcessDriver, run_in_process
+from sweeps.record_io import OutcomeRecord
+from sweeps.store_retry import StoreWriteError
+from tests.conftest import compose_cfg
+
+
+def _spec(store, trials=2):
+    return load_spec(compose_cfg(["backend=instant", "sweep=smoke", "sweep.budget.wall_time_s=null",
+                                  f"sweep.budget.trials={trials}", "sweep.confirm.top_k=0",
+                                  f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]))
+
+
+class Locker:
+    """Holds ``BEGIN EXCLUSIVE`` on a SQLite file for ``hold_s`` seconds in a thread."""
+
+    def __init__(self, db, hold_s: float):
+        self.db, self.hold_s = db, hold_s
+        self.held = threading.Event()
+        self.released_at: float | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        con = sqlite3.connect(self.db, timeout=30, isolation_level=None)
+        con.execute("BEGIN EXCLUSIVE")
+        self.held.set()
+        time.sleep(self.hold_s)
+        con.execute("ROLLBACK")
+        con.close()
+        self.released_at = time.monotonic()
+
+    def start(self):
+        self.thread.start()
+        assert self.held.wait(10), "could not take the exclusive lock"
+
+
+def _hook_locking(db, hold_s, on_trial=0):
+    """A task hook that locks the DB while trial ``on_trial`` runs (so its record write waits)."""
+    lockers = []
+
+    def hook(args):
+        if args[0].trial_number == on_trial and not lockers:
+            lk = Locker(db, hold_s)
+            lk.start()
+            lockers.append(lk)
+        return None
+
+    return hook, lockers
+
+
+@pytest.fixture
+def short_busy(monkeypatch):
+    monkeypatch.setattr(sqlite_tuning, "BUSY_TIMEOUT_MS", 300)
+
+
+def test_record_survives_a_lock_past_the_busy_timeout(tmp_path, short_busy):
+    spec = _spec(tmp_path / "s", trials=3)
+    hook, lockers = _hook_locking(spec.store_dir / "optuna.db", hold_s=3.0, on_trial=0)
+    drv = run_in_process(spec, task_hook=hook)
+    assert lockers and lockers[0].released_at is not None  # the lock really was held during trial 1
+    trials = drv.study.get_trials(deepcopy=False)
+    launched = [t for t in trials if R.record_from_trial(t).launched]
+    assert len(launched) >= 3  # the budget counts full launches (a probe spends none of it)
+    for t in trials:
+        assert t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL), t
+        rec = OutcomeRecord.model_validate(t.user_attrs[R.A_RECORD])  # the whole outcome, one attribute
+        assert t.user_attrs[R.A_STATUS] == rec.status  # derived attr written with it
+    one = next(t for t in trials if t.number == 0)
+    rec = R.record_from_trial(one)
+    assert rec.status == "ok" and rec.metrics.get("decode_tok_s", 0) > 0 and rec.launch_command
+    assert rec.timings.get("wall_s") is not None and rec.attempts == 1
+
+
+def test_lock_past_the_retry_budget_stops_the_sweep_cleanly(tmp_path, short_busy, monkeypatch):
+    monkeypatch.setattr(store_retry, "RETRY_S", 1.0)
+    spec = _spec(tmp_path / "s", trials=2)
+    hook, lockers = _hook_locking(spec.store_dir / "optuna.db", hold_s=4.0, on_trial=0)
+    drv = InProcessDriver(spec, task_hook=hook)
+    drv.setup()
+    try:
+        with pytest.raises(StoreWriteError, match=r"trial 0.*locked for 1 s"):
+            drv.loop()
+    finally:
+        drv.release()
+    lockers[0].thread.join(10)
+    # nothing half-written: the trial has no record and no status (still RUNNING in storage)
+    t0 = next(t for t in drv.study.get_trials(deepcopy=False) if t.number == 0)
+    assert t0.state == TrialState.RUNNING and R.A_RECORD not in t0.user_attrs and R.A_STATUS not in t0.user_attrs
+    # the same command resumes: the stale trial is recovered and its config (the baseline) measured
+    monkeypatch.setattr(store_retry, "RETRY_S", 120.0)
+    again = run_in_process(spec)
+    recs = R.load_records(again.study)
+    assert any(r.is_baseline and r.status == "ok" for r in recs), recs
+    assert all(r.state != "RUNNING" for r in recs)
+
+
+def test_old_studies_without_a_record_still_load(tmp_path):
+    import optuna
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="old")
+    t = study.ask({"x": optuna.distributions.IntDistribution(0, 3)})
+    for k, v in {R.A_STATUS: "ok", R.A_METRICS: {"decode_tok_s": 7.0}, R.A_PHASE: "bench",
+                 R.A_TIMINGS: {"bench_s": 1.0}}.items():
+        t.set_user_attr(k, v)
+    study.tell(t, 7.0)
+    rec = R.load_records(study)[0]
+    assert rec.status == "ok" and rec.metrics == {"decode_tok_s": 7.0} and rec.timings == {"bench_s": 1.0}
+
+
+def test_busy_errors_are_recognised_through_wrappers():
+    import sqlalchemy.exc
+
+    raw = sqlite3.OperationalError("database is locked")
+    wrapped = sqlalchemy.exc.OperationalError("UPDATE ...", {}, raw)
+    assert store_retry.is_busy(raw) and store_retry.is_busy(wrapped)
+    assert not store_retry.is_busy(sqlite3.OperationalError("no such table: trials"))
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise wrapped
+        return "done"
+
+    assert store_retry.retrying(flaky, "w", retry_s=10) == "done" and len(calls) == 3
+    with pytest.raises(ValueError):
+        store_retry.retrying(lambda: (_ for _ in ()).throw(ValueError("bad")), "w")
