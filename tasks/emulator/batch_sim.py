@@ -53,6 +53,7 @@ def simulate(
     max_concurrency: int | None = None,
     accept: AcceptModel | None = None,
     abort_after_s: Mapping[int, float] | None = None,
+    submit_delay_s: float = 0.0,
 ) -> SimResult:
     """Serve a whole workload: ``requests`` = (arrival offset s, prompt_len, output_len) each.
 
@@ -63,6 +64,7 @@ def simulate(
             ``max(its arrival, when a slot freed)``, as bench_serving's FIFO semaphore does
             (sglang/benchmark/serving.py:1432-1439).
         abort_after_s: request index -> seconds after its send at which its client disconnects.
+        submit_delay_s: send -> arrival in the scheduler (the server's HTTP/tokenizer time), s.
 
     Returns:
         :class:`SimResult` (in input order).
@@ -88,7 +90,7 @@ def simulate(
         while nxt < len(order) and slots:
             i = order[nxt]
             t = max(float(requests[i][0]), heapq.heappop(slots))
-            rids[i] = sch.submit(requests[i][1], requests[i][2], t)
+            rids[i] = sch.submit(requests[i][1], requests[i][2], t + submit_delay_s)
             send[i] = t
             if abort_after_s and i in abort_after_s:
                 sch.abort(rids[i], t + abort_after_s[i])

@@ -17,10 +17,12 @@ from typing import Any
 
 from tasks.emulator.eagle import accepted_from_uniform
 from tasks.emulator.flags import LaunchArgError
+from tasks.emulator.instant_load import simulate_load
 from tasks.emulator.launch import parse_launch
 from tasks.emulator.model import evaluate, evaluate_argv
 from tasks.emulator.physics import run_factor
 from tasks.stats import percentile
+from tasks.trial_load import wants_load
 from tasks.types import BenchSpec
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
@@ -54,7 +56,9 @@ def simulate(profile: dict, argv: list[str], env: dict, bench: BenchSpec, seed: 
 
     Returns:
         ``{"status": "ok"|"failed", "metrics": {decode_tok_s, output_tok_s, ttft_ms_p50,
-        itl_ms_p50, itl_ms_p99, accept_length}, "failure_class", "failure_signature",
+        itl_ms_p50, itl_ms_p99, accept_length, + with a load workload (``trial_load.wants_load``)
+        the load search's / concurrency levels' metrics (:func:`instant_load.simulate_load`)},
+        "load_artifacts" (their curves, as a live trial's ``{"load": ...}`` records), "failure_class", "failure_signature",
         "exit_code", "phase", "log" (text), "startup_s", "bench_s", "gpu_s", "perf_tags",
         "allreduce_path", "prediction" (dict)}``; times in s at time_scale 1, gpu_s =
         GPUs held (tp × dp) × (startup + bench + teardown).
@@ -90,11 +94,16 @@ def simulate(profile: dict, argv: list[str], env: dict, bench: BenchSpec, seed: 
     warm_s = bench.warmup_requests * (ttft_ms + max(bench.warmup_output_len - 1, 0) * 1000.0 / decode) / 1000.0
     bench_s = warm_s + bench.repeats * e2e_s
     startup = pred.startup_s["total"]
+    load: list[dict] = []
+    if wants_load(bench):  # the load search / concurrency levels, through the batching scheduler
+        load_metrics, load = simulate_load(profile, argv, env, bench, seed)
+        bench_s += sum(a["bench_s"] for a in load)
     metrics = {"decode_tok_s": decode_meas, "output_tok_s": bench.output_len * bench.concurrency / e2e_s,
                "ttft_ms_p50": ttft_ms, "itl_ms_p50": percentile(itls, 0.5, empty=0.0),
                "itl_ms_p99": percentile(itls, 0.99, empty=0.0),
-               "accept_length": pred.accept_length, "e2e_s_p50": e2e_s}
-    return {**base, "status": "ok", "metrics": metrics, "failure_class": None, "failure_signature": None,
+               "accept_length": pred.accept_length, "e2e_s_p50": e2e_s, **(load_metrics if load else {})}
+    return {**base, "status": "ok", "metrics": metrics, "load_artifacts": load, "failure_class": None,
+            "failure_signature": None,
             "exit_code": None, "phase": None, "startup_s": startup, "bench_s": bench_s,
             "gpu_s": gpus * (startup + bench_s + teardown)}
 
