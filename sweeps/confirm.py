@@ -176,7 +176,8 @@ def confirm_top(driver: Any, k: int = 3, repeats: int = 5, confidence: float = 0
     t0 = time.monotonic()
     jobs = _jobs(driver, todo, repeats, extra_env)
     log.info("confirming %d config(s) x %d repeats (%d launches)", len(todo), repeats, len(jobs))
-    results = run_jobs(executor_of(driver), jobs, len(todo), lambda: bool(getattr(driver, "interrupted", False)))
+    results = run_jobs(executor_of(driver), jobs, len(todo), lambda: bool(getattr(driver, "interrupted", False)),
+                       on_done=_progress_line(driver, todo, len(jobs), obj))
     if getattr(driver, "interrupted", False):
         log.warning("confirmation interrupted; nothing stored")
         return {}
@@ -223,10 +224,29 @@ def _jobs(driver: Any, todo: list[tuple[R.TrialRecord, bool]], repeats: int,
     return jobs
 
 
+def _progress_line(driver: Any, todo: list[tuple[R.TrialRecord, bool]], total: int,
+                   obj: Objective) -> Callable[[int, TrialResult], None] | None:
+    """A callback printing one line per finished confirmation launch (None without a progress printer)."""
+    progress = getattr(driver, "progress", None)
+    if progress is None or not hasattr(progress, "confirm_event"):
+        return None
+    done = [0]
+
+    def line(idx: int, res: TrialResult) -> None:
+        done[0] += 1
+        r = todo[idx][0]
+        got = metric_text(obj.name, obj.value(res.metrics)) if res.status == "ok" else \
+            f"{res.status} {res.failure_class or ''}".strip()
+        progress.confirm_event(done[0], total, f"t{r.number} {_label(r.params)}", got)
+    return line
+
+
 def run_jobs(executor: Executor, jobs: list[tuple[int, TrialSpec, dict[str, Any] | None]], n_configs: int,
-             interrupted: Callable[[], bool]) -> dict[int, list[TrialResult]]:
+             interrupted: Callable[[], bool],
+             on_done: Callable[[int, TrialResult], None] | None = None) -> dict[int, list[TrialResult]]:
     """Run ``jobs`` through ``executor`` (its slots full); results per config index. A task
-    that raised counts as ``infra_error`` (a missing run). On interruption running tasks are cancelled."""
+    that raised counts as ``infra_error`` (a missing run). On interruption running tasks are
+    cancelled. ``on_done(config index, result)`` is called per finished launch."""
     results: dict[int, list[TrialResult]] = {i: [] for i in range(n_configs)}
     pending = list(jobs)
     inflight: dict[Any, int] = {}
@@ -237,7 +257,10 @@ def run_jobs(executor: Executor, jobs: list[tuple[int, TrialSpec, dict[str, Any]
         if not inflight:
             break
         for ref in executor.wait(list(inflight), timeout=1.0):
-            results[inflight.pop(ref)].append(collect(executor, ref))
+            idx = inflight.pop(ref)
+            results[idx].append(collect(executor, ref))
+            if on_done is not None:
+                on_done(idx, results[idx][-1])
         if interrupted() and not pending:
             for ref in list(inflight):
                 executor.cancel(ref)

@@ -128,6 +128,7 @@ class Driver:
         self.implicated = load_implicated_knobs(REPO_ROOT / "conf" / "failure_knobs.yaml")
         self.publisher.open_tracker(self.study)
         self.executor = self.make_executor()
+        self.progress.slots = self.executor.slots
         self.fingerprint = self._node_fingerprint()
         S.recover_stale(self.study)
         # the trial budget is the study's: a resumed sweep continues where it stopped;
@@ -374,9 +375,10 @@ class Driver:
         if conf.get("winner") is not None:  # the confirmed winner, not the luckiest single run
             best = next((r for r in recs if r.number == conf["winner"]), best)
         base = R.baseline_value(recs, self.objectives)
-        self.publisher.final(self.study, recs, best, base, self.stop_reason, self.interrupted)
+        # findings and summary first: the parent run's artifacts are their final state
         self.publisher.write_findings(self.study, recs, self.fingerprint, self.rules)
         self.publisher.summary(recs, best, base, self.stop_reason, conf)
+        self.publisher.final(self.study, recs, best, base, self.stop_reason, self.interrupted)
         return best
 
     def _confirm(self) -> dict[str, Any]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import optuna
 from rich.console import Console
@@ -22,17 +26,30 @@ def metric_text(name: str, v: float | None) -> str:
     return f"{val:.1f} tok/s" if name.endswith("tok_s") else f"{val:.1f} {name}"
 
 
+def eta_s(walls: list[float], left: int, running: int, slots: int) -> float:
+    """Seconds until ``left`` more launches (and the ``running`` ones) finish: the median
+    measured launched-trial wall time (s) x the launches still to start per slot, plus half a
+    trial for the ones in flight."""
+    med = statistics.median(walls)
+    return med * (left / max(1, slots) + (0.5 if running else 0.0))
+
+
 class Progress:
     """Prints each finished trial and, every refresh, a status line: launched / running /
     failed / skipped, the best objective so far and an ETA from the mean launched-trial time."""
 
     def __init__(self, study_name: str, budget_trials: int | None, console: Console | None = None,
-                 objective: Objective = DEFAULT_OBJECTIVE):
+                 objective: Objective = DEFAULT_OBJECTIVE, deploy: Callable[[dict], str | None] | None = None,
+                 node: str = ""):
         # no TTY (CI, a log file): rich would wrap at 80 columns mid-phrase
         self.console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 200)
         self.study_name = study_name
         self.budget = budget_trials
         self.objective = objective
+        self.deploy = deploy  #: params -> the deployable command on the target node
+        self.node = node  #: where the numbers come from, e.g. "emulated 8×RTX PRO 6000"
+        self.slots = 1  #: trials in flight at once (the driver sets the executor's)
+        self.confirm_launches = 0  #: launches the confirmation will add after the budget
         self._last_status = 0.0
 
     def event(self, line: str) -> None:
@@ -44,11 +61,11 @@ class Progress:
         skipped = sum(r.status in ("skipped", "infeasible") for r in recs)
         ranked = ranked_records(recs, self.objective)
         best = value_of(ranked[0], self.objective) if ranked else None
-        elapsed = time.monotonic() - t_start
         eta = ""
-        if self.budget and launched:
-            left = max(0, self.budget - len(launched))
-            eta = f", ETA {left * elapsed / max(1, len(launched)):.0f} s"
+        walls = [r.timings["wall_s"] for r in launched if r.timings.get("wall_s")]
+        if self.budget and walls:
+            left = max(0, self.budget - len(launched) - running) + self.confirm_launches
+            eta = f", ETA {eta_s(walls, left, running, self.slots):.0f} s"
         return (f"[{self.study_name}] launched {len(launched)}/{self.budget or '-'}, running {running}, "
                 f"failed {failed}, skipped {skipped}, best {metric_text(self.objective.name, best)}" if best is not None else
                 f"[{self.study_name}] launched {len(launched)}/{self.budget or '-'}, running {running}, "
@@ -101,9 +118,10 @@ class Progress:
             c.print(f"baseline: {metric_text(obj.name, baseline)}")
         entry = next((e for e in (confirmation or {}).get("entries", [])
                       if best is not None and e.get("trial") == best.number and e.get("mean") is not None), None)
+        on = f"{self.node}: " if self.node else ""
         if best is not None and entry is not None:
             sp = entry.get("speedup_ci") or [None, None]
-            c.print(escape(f"best (confirmed over {entry.get('n')} repeats): trial {best.number}, "
+            c.print(escape(f"best (confirmed over {entry.get('n')} repeats): trial {best.number}, {on}"
                            f"{metric_text(obj.name, entry['mean'])} "
                            f"[{confirmation.get('confidence', 0.95):.0%} CI {entry['ci_low']:.1f}-{entry['ci_high']:.1f}]"
                            + (f", {entry['speedup_mean']:.2f}x baseline [{sp[0]:.2f}-{sp[1]:.2f}]"
@@ -112,9 +130,25 @@ class Progress:
                 c.print(escape(str(confirmation["winner_note"])))
         elif best is not None:
             bv = value_of(best, obj)
-            c.print(f"best: trial {best.number}, {metric_text(obj.name, bv)} (one measurement)"
-                    + (f" ({obj.ratio(bv, baseline):.2f}x baseline)" if baseline and bv else ""))
-            c.print("launch command:")
-            c.print(best.launch_command, markup=False, soft_wrap=True)
+            c.print(escape(f"best: trial {best.number}, {on}{metric_text(obj.name, bv)} (one measurement)"
+                           + (f" ({obj.ratio(bv, baseline):.2f}x baseline)" if baseline and bv else "")))
+        if best is not None:
+            cmd = self.deploy(best.params) if self.deploy else None
+            c.print("deploy command (target node, real engine):" if cmd else "launch command:")
+            c.print(cmd or best.launch_command, markup=False, soft_wrap=True)
         if findings.exists():
             c.print(f"findings: {findings}")
+
+    def summary_text(self, *args: Any, **kwargs: Any) -> str:
+        """:meth:`summary` as plain text (same arguments), for the ``summary.txt`` artifact."""
+        saved = self.console
+        self.console = Console(file=io.StringIO(), highlight=False, width=200, record=True)
+        try:
+            self.summary(*args, **kwargs)
+            return self.console.export_text()
+        finally:
+            self.console = saved
+
+    def confirm_event(self, done: int, total: int, label: str, result: str) -> None:
+        """One line per finished confirmation launch: ``confirm 3/20 t012 eagle3 ...: 88.1 tok/s``."""
+        self.event(f"confirm {done}/{total} {label}: {result}")

@@ -11,12 +11,14 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import optuna
 
 from sweeps import records as R
 from sweeps.config import SweepSpec
+from sweeps.deploy import deploy_command_for, node_label
 from sweeps.progress import Progress, metric_text
 from tasks.redact import redact_argv
 from tasks.types import TrialResult, TrialSpec
@@ -49,7 +51,11 @@ class Publisher:
                  quiet: bool = False):
         self.spec, self.study_name, self.track, self.findings = spec, study_name, track, findings
         self.objectives = spec.objective_set
-        self.progress = Progress(study_name, spec.sweep.budget.trials, objective=self.objectives.primary)
+        self.progress = Progress(study_name, spec.sweep.budget.trials, objective=self.objectives.primary,
+                                 deploy=lambda p: deploy_command_for(spec, p), node=node_label(spec))
+        c = spec.sweep.confirm
+        if spec.sweep.mode == "search" and c.top_k > 0:  # the baseline is confirmed too
+            self.progress.confirm_launches = (c.top_k + 1) * c.repeats
         if quiet:
             self.progress.event = lambda line: None  # type: ignore[method-assign]
             self.progress.refresh = lambda *a, **k: None  # type: ignore[method-assign]
@@ -166,7 +172,8 @@ class Publisher:
             self._sync(recs)
             tags = {"stop_reason": stop_reason or "", "trials_launched": str(sum(r.launched for r in recs))}
             if best is not None:
-                tags.update(best_trial=str(best.number), best_launch_command=best.launch_command)
+                tags.update(best_trial=str(best.number), best_launch_command=self.deploy(best.params) or "",
+                            best_emulated_launch_command=best.launch_command, measured_on=node_label(self.spec))
                 best_run = self.run_id_of(best.number)
                 if best_run:
                     tags["best_run"] = best_run
@@ -175,8 +182,44 @@ class Publisher:
             bv = R.value_of(best, obj) if best is not None else None
             self.tracker.log_parent_metrics({f"best_{obj.name}": bv, f"baseline_{obj.name}": base,
                                              "best_speedup_vs_baseline": obj.ratio(bv, base) if bv and base else None})
+            self.log_parent_truth(study, recs)
             self.log_parent_artifacts(study)
             self.tracker.close_parent("KILLED" if interrupted else "FINISHED")
+
+    def deploy(self, params: dict[str, Any]) -> str | None:
+        """The deployable command of ``params`` on the target node (:func:`sweeps.deploy.deploy_command_for`)."""
+        return deploy_command_for(self.spec, params)
+
+    def log_parent_truth(self, study: optuna.Study, recs: list[R.TrialRecord]) -> None:
+        """Skip counts (by reason and class) and the ``skipped.csv`` table; the confirmed winner
+        (``confirmed_<objective>`` and its CI, the speedup CI) and its confirmation runs."""
+        from sweeps import parent_run as P
+
+        obj = self.objectives.primary.name
+        metrics, tags = P.skip_counts(recs)
+        conf = study.user_attrs.get("confirmation")
+        cm, ct = P.confirmed_fields(conf, obj)
+        metrics.update(cm)
+        tags.update(ct)
+        with guard("log the confirmation runs to MLflow", logging.WARNING):
+            P.sync_confirmation(self.tracker, self.study_name, conf, obj, self.run_id_of)
+        if ct.get("confirmed_trial"):
+            winner = next((r for r in recs if r.number == int(ct["confirmed_trial"])), None)
+            run = self.run_id_of(int(ct["confirmed_trial"]))
+            if winner is not None:
+                tags.update(best_trial=str(winner.number), best_launch_command=self.deploy(winner.params) or "",
+                            confirmed_launch_command=self.deploy(winner.params) or "")
+            if run:
+                tags["best_run"] = run
+        self.tracker.log_parent_metrics(metrics)
+        self.tracker.set_parent_tags(tags)
+        table = P.write_skip_table(recs, self.reports_dir / "skipped.csv")
+        self.tracker.log_parent_artifact(table)
+
+    @property
+    def reports_dir(self) -> Path:
+        """``<store>/reports/<study>``: plots, the skip table, the summary."""
+        return self.spec.store_dir / "reports" / self.study_name
 
     def run_id_of(self, number: int) -> str | None:
         """The MLflow child run id of trial ``number`` (None when not synced)."""
@@ -185,9 +228,12 @@ class Publisher:
         return runs[0].info.run_id if runs else None
 
     def log_parent_artifacts(self, study: optuna.Study) -> None:
-        """The findings document and the plots, as artifacts of the parent run."""
+        """The findings document, the summary and the plots, as artifacts of the parent run
+        (uploaded again at every call: the last upload is the final state)."""
         if self.spec.findings_path.exists():
             self.tracker.log_parent_artifact(self.spec.findings_path)
+        if (self.reports_dir / "summary.txt").exists():
+            self.tracker.log_parent_artifact(self.reports_dir / "summary.txt")
         with guard("write the plots", logging.WARNING):
             from sweeps.report import write_plots
 
@@ -197,5 +243,9 @@ class Publisher:
 
     def summary(self, recs: list[R.TrialRecord], best: R.TrialRecord | None, base: float | None,
                 stop_reason: str | None, confirmation: dict[str, Any]) -> None:
-        """The closing summary in the terminal."""
+        """The closing summary in the terminal, also written to ``summary.txt`` (a parent artifact)."""
         self.progress.summary(recs, best, base, stop_reason, self.spec.findings_path, confirmation=confirmation)
+        with guard("write summary.txt", logging.WARNING):
+            self.reports_dir.mkdir(parents=True, exist_ok=True)
+            (self.reports_dir / "summary.txt").write_text(self.progress.summary_text(
+                recs, best, base, stop_reason, self.spec.findings_path, confirmation=confirmation))

@@ -1,7 +1,8 @@
 """MLflow tracking, written by the driver only, synced idempotently from Optuna.
 
 Experiment = sweep name; one parent run per study (its id kept in the study's user
-attributes, reopened on resume); one child run per finished trial with an explicit
+attributes, reopened on resume); one child run per finished launched trial (a proposal
+answered without a launch is counted on the parent, see :mod:`sweeps.parent_run`) with an explicit
 ``mlflow.parentRunId`` tag and a ``trial_key`` tag (``<study>/<number>``) that makes
 the sync idempotent: a crash or an MLflow outage delays a run, never duplicates or
 loses it.
@@ -232,7 +233,8 @@ class Tracker:
             return 0
         n = 0
         for r in records:
-            if r.state in ("RUNNING", "WAITING"):
+            # a proposal answered without a launch is counted on the parent (sweeps.parent_run), not a run
+            if r.state in ("RUNNING", "WAITING") or not r.launched:
                 continue
             key = f"{study_name}/{r.number}"
             if key in done:
@@ -287,7 +289,5 @@ class Tracker:
                 if f.is_file() and f.stat().st_size > 0:
                     retry(lambda f=f: self.client.log_artifact(rid, str(f)), "log artifact")
         status = "FINISHED" if r.status in ("ok",) else ("KILLED" if r.status == "interrupted" else "FAILED")
-        if r.status in ("skipped",) and r.duplicate_of is not None:
-            status = "FINISHED"
         # the run's duration in the UI is the trial's (Optuna start -> complete), not the sync's
         retry(lambda: self.client.set_terminated(rid, status, end_time=_ms(r.datetime_complete)), "terminate child")

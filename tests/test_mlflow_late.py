@@ -31,5 +31,10 @@ def test_tracker_reopened_when_mlflow_comes_back(tmp_path, monkeypatch):
     exp = c.get_experiment_by_name("smoke")
     runs = c.search_runs([exp.experiment_id], max_results=500)
     keys = [r.data.tags["trial_key"] for r in runs if "trial_key" in r.data.tags]
-    finished = [t for t in drv.study.trials if t.state.is_finished()]
-    assert len(keys) == len(set(keys)) == len(finished)
+    # one run per finished LAUNCHED trial; skipped proposals are counts on the parent, not runs
+    from sweeps import records as R
+
+    launched = [r for r in R.load_records(drv.study) if r.launched and r.state not in ("RUNNING", "WAITING")]
+    assert launched
+    assert len(keys) == len(set(keys)) == len(launched)
+    assert set(keys) == {f"{drv.study_name}/{r.number}" for r in launched}

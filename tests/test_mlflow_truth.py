@@ -1,0 +1,129 @@
+"""MLflow shows what ran and who won, read back through MLflow's REST API.
+
+A fresh smoke sweep through the driver (in-process executor, ``backend=instant``: the same
+Driver/Publisher/Tracker code as the Ray driver) logs to a real ``mlflow server``. Then:
+child runs (confirmation runs excluded) = launched trials; a run is FAILED only when its
+launch failed; skipped proposals are counts on the parent plus one ``skipped.csv``; the
+parent's findings artifact is byte-identical to ``findings/<sweep>.md``; the parent carries
+``confirmed_decode_tok_s`` with its CI, the speedup CI, the winner's trial, the deployable
+command and ``best_run``; confirmation runs are nested under the trial they confirm.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import httpx
+import pytest
+
+from sweeps import records as R
+from sweeps.config import load_spec
+from sweeps.inprocess import run_in_process
+from tests.conftest import compose_cfg
+from tests.test_tracking_server import MlflowServer, _free_port
+
+OVERRIDES = ["backend=instant", "sweep=smoke", "sweep.budget.trials=5", "sweep.confirm.top_k=2",
+             "sweep.confirm.repeats=2"]
+
+
+def _tags(run: dict) -> dict[str, str]:
+    return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+
+
+def _metrics(run: dict) -> dict[str, float]:
+    return {m["key"]: m["value"] for m in run["data"].get("metrics", [])}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    root = tmp_path_factory.mktemp("truth")
+    server = MlflowServer(root, _free_port())
+    server.start()
+    try:
+        store = root / "store"
+        spec = load_spec(compose_cfg([*OVERRIDES, f"tracking.store_dir={store}", f"tracking.uri={server.url}",
+                                      f"tracking.findings_dir={store / 'findings'}"]))
+        drv = run_in_process(spec, track=True, findings=True)
+        api = httpx.Client(base_url=server.url + "/api/2.0/mlflow", timeout=30)
+        exp = api.get("/experiments/get-by-name", params={"experiment_name": "smoke"}).json()["experiment"]
+        runs = api.post("/runs/search", json={"experiment_ids": [exp["experiment_id"]], "max_results": 1000}).json()["runs"]
+        yield drv, spec, server, runs
+    finally:
+        server.stop()
+
+
+def test_child_runs_are_the_launched_trials(swept):
+    drv, _, _, runs = swept
+    recs = R.load_records(drv.study)
+    launched = [r for r in recs if r.launched]
+    parent = next(x for x in runs if _tags(x).get("servesweep.role") == "study")
+    pid = parent["info"]["run_id"]
+    kids = [x for x in runs if _tags(x).get("mlflow.parentRunId") == pid]
+    assert sorted(int(_tags(k)["trial_number"]) for k in kids) == sorted(r.number for r in launched)
+    assert len(kids) == len(launched) == 5
+    # FAILED only for a launch that failed (smoke seeds flashinfer_fusion: it fails on SM120)
+    by_n = {r.number: r for r in recs}
+    for k in kids:
+        r = by_n[int(_tags(k)["trial_number"])]
+        assert (k["info"]["status"] == "FAILED") == (r.status in ("failed", "infra_error")), (r.status, k["info"])
+    assert any(k["info"]["status"] == "FAILED" for k in kids)
+    # nothing else in the experiment but the parent, its trials and the confirmation runs
+    others = [x for x in runs if x not in kids and x is not parent]
+    assert others and all(_tags(x).get("servesweep.role") == "confirmation" for x in others)
+
+
+def test_skipped_proposals_are_counted_on_the_parent(swept):
+    drv, _, server, runs = swept
+    recs = R.load_records(drv.study)
+    skipped = [r for r in recs if not r.launched]
+    parent = next(x for x in runs if _tags(x).get("servesweep.role") == "study")
+    m = _metrics(parent)
+    assert m["skipped_total"] == len(skipped)
+    assert m["trials_launched"] == sum(r.launched for r in recs)
+    assert sum(m[f"skipped_{k}"] for k in ("rule", "duplicate", "degraded", "infeasible", "other")) == len(skipped)
+    table = httpx.get(f"{server.url}/get-artifact", params={"path": "skipped.csv", "run_uuid": parent["info"]["run_id"]},
+                      timeout=30)
+    assert table.status_code == 200
+    rows = list(csv.DictReader(io.StringIO(table.text)))
+    assert sorted(int(x["trial"]) for x in rows) == sorted(r.number for r in skipped)
+
+
+def test_parent_carries_the_confirmed_winner_and_the_final_findings(swept):
+    drv, spec, server, runs = swept
+    conf = drv.study.user_attrs["confirmation"]
+    winner = conf["winner"]
+    entry = next(e for e in conf["entries"] if e["trial"] == winner)
+    parent = next(x for x in runs if _tags(x).get("servesweep.role") == "study")
+    m, t = _metrics(parent), _tags(parent)
+    assert m["confirmed_decode_tok_s"] == pytest.approx(entry["mean"])
+    assert m["confirmed_decode_tok_s_ci_low"] == pytest.approx(entry["ci_low"])
+    assert m["confirmed_decode_tok_s_ci_high"] == pytest.approx(entry["ci_high"])
+    assert m["confirmed_decode_tok_s_ci_low"] <= m["confirmed_decode_tok_s"] <= m["confirmed_decode_tok_s_ci_high"]
+    assert "confirmed_speedup_vs_baseline_ci_low" in m and "confirmed_speedup_vs_baseline_ci_high" in m
+    assert t["confirmed_trial"] == t["best_trial"] == str(winner)
+    best = next(x for x in runs if x["info"]["run_id"] == t["best_run"])
+    assert _tags(best)["trial_number"] == str(winner)
+    assert t["best_launch_command"].startswith("python -m sglang.launch_server --model-path ")
+    assert "tasks.emulator" not in t["best_launch_command"] and "--port 30000" in t["best_launch_command"]
+    # the findings artifact is the final document (written after the confirmation), byte for byte
+    got = httpx.get(f"{server.url}/get-artifact", params={"path": "smoke.md", "run_uuid": parent["info"]["run_id"]},
+                    timeout=30)
+    assert got.status_code == 200
+    assert got.content == spec.findings_path.read_bytes()
+    summary = httpx.get(f"{server.url}/get-artifact", params={"path": "summary.txt", "run_uuid": parent["info"]["run_id"]},
+                        timeout=30)
+    assert "sglang.launch_server" in summary.text and "emulated 8×RTX PRO 6000" in summary.text
+
+
+def test_confirmation_runs_are_nested_under_the_trial_they_confirm(swept):
+    drv, _, _, runs = swept
+    conf = drv.study.user_attrs["confirmation"]
+    by_id = {x["info"]["run_id"]: x for x in runs}
+    confirms = [x for x in runs if _tags(x).get("servesweep.role") == "confirmation"]
+    assert len(confirms) == conf["repeats"] * len(conf["entries"])
+    for c in confirms:
+        tr = by_id[_tags(c)["mlflow.parentRunId"]]
+        assert _tags(tr)["trial_number"] == _tags(c)["confirms_trial"]
+        if c["info"]["status"] == "FINISHED":
+            assert _metrics(c)["decode_tok_s"] > 0
