@@ -170,3 +170,13 @@ def test_preflight_runs_for_real_engines_only():
     assert run_preflight("instant", NODE_GPU, MODEL, BACKEND) is None
     r = run_preflight("vllm", NODE_CPU, {**MODEL, "path": "/nonexistent"}, {**BACKEND, "python": "/nonexistent/py"})
     assert r is not None and [e.split(":")[0] for e in r.errors] == ["backend.python", "model.path"]
+
+
+def test_a_vllm_memory_failure_rule_implicates_the_memory_knobs():
+    from sweeps.rules_match import implicated_params, load_implicated_knobs
+
+    params = {"speculative": "none", "max_num_seqs": 16, "dtype": "bfloat16", "kv_cache_space_gib": "unset",
+              "gpu_memory_utilization": 0.98}
+    got = implicated_params("kv_cache_pool_too_small", params, load_implicated_knobs())
+    assert {"gpu_memory_utilization": 0.98, "kv_cache_space_gib": "unset"}.items() <= dict(got).items()
+    assert "max_num_seqs" not in got and "dtype" not in got
