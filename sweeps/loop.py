@@ -19,7 +19,7 @@ from typing import Any
 
 import optuna
 
-from sweeps import gates
+from sweeps import gates, probes
 from sweeps import records as R
 from sweeps import study as S
 from sweeps.config import SweepSpec, backend_dict
@@ -249,7 +249,7 @@ class Driver:
             backend=self.spec.backend.kind, gpus=self.spec.gpus_per_trial, bench=self.spec.bench_spec(),
             timeouts=self.spec.timeouts(), container_name=self.spec.backend.container_name, expected_paths=expected,
         )
-        self._submit(trial, params, tspec, attempt=1)
+        self._submit(trial, params, probes.first(self, trial, params, tspec), attempt=1)
 
     def _submit(self, trial: optuna.trial.Trial, params: dict[str, Any], tspec: TrialSpec, attempt: int) -> None:
         self.inflight[self.executor.submit(tspec, self.profile)] = InFlight(trial, params, tspec, attempt)
@@ -263,6 +263,8 @@ class Driver:
             res.fingerprint = res.fingerprint or self.fingerprint
         elif not self.fingerprint:
             self.fingerprint = res.fingerprint
+        if probes.intercept(self, f, res):  # a probe's outcome: dead end, or the full launch next
+            return
         why = None if self.interrupted else retry_reason(res, f.attempt, self.spec.backend.retries_transient)
         if why is not None:
             log.warning("trial %d: %s", f.trial.number, why)

@@ -107,6 +107,8 @@ class TrialSpec:
         expected_paths: allreduce path expectations checked against the server log
             (e.g. ``{"custom_allreduce": True}``); a mismatch tags ``allreduce_path_degraded``.
         trial_key: stable id ``"<sweep>/<trial_number>"`` used to sync MLflow idempotently.
+        probe: a probe launch (``tasks.probe.probe_argv``: dummy weights, cut layers): the
+            server starts and is torn down once healthy, with no benchmark.
     """
 
     sweep: str
@@ -120,6 +122,7 @@ class TrialSpec:
     timeouts: Timeouts = field(default_factory=Timeouts)
     container_name: str | None = None
     expected_paths: dict[str, Any] = field(default_factory=dict)
+    probe: bool = False
 
     @property
     def trial_key(self) -> str:

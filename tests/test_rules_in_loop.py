@@ -66,6 +66,11 @@ def check_campaign(study: optuna.Study, rules: RuleStore, n_launched: int = 60) 
     recs = R.load_records(study)
     launched = [r for r in recs if r.launched]
     assert len(launched) == n_launched
+    # a trial that ended at its probe (sweeps/probes.py: a dead end or a degraded level) cost
+    # a fraction of a full launch (~8 GPUs x 180 s)
+    probe_only = {t.number: t.user_attrs["probe"] for t in study.trials
+                  if (t.user_attrs.get("probe") or {}).get("dead_end")}
+    assert probe_only and all(p["gpu_s"] < 0.2 * 8 * 180 for p in probe_only.values()), probe_only
     # one launch per distinct dead end (failed launches and degraded-level launches)
     dead = [r for r in launched if r.status != "ok" or not R.counts_for_level(r)]
     per_end = Counter(dead_end_key(r) for r in dead)

@@ -48,6 +48,7 @@ from tasks.emulator.physics import (
     weights_bytes,
 )
 from tasks.emulator.prediction import FailureScenario, LogEvent, Prediction, format_event
+from tasks.probe import parse_probe, probe_classes
 
 __all__ = [
     "DEFAULT_CAPTURE_BS", "DEFAULT_MAX_BS_LARGE_GPU", "DEFAULT_TOPK_DECAY", "DEFAULT_TOPK_RECOVERY",
@@ -60,6 +61,9 @@ __all__ = [
 # SGLang's default decode capture list up to 512: 52 sizes [S] (as logged in sglang PR #11275)
 DEFAULT_CAPTURE_BS = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 513, 16))
 DEFAULT_MAX_BS_LARGE_GPU = 512  # [A] SGLang auto cuda_graph_max_bs for >90 GB GPUs at TP>=4
+
+#: [A] a dummy-weight load (random init on the GPUs, no checkpoint read): ~2 s at any size
+DUMMY_LOAD_S = 2.0
 
 # Campaign failure names -> the class the emulator's log produces (calibration check).
 EXPECTED_CLASS = {
@@ -88,6 +92,12 @@ class _Startup:
     max_bs: int
     graphs: bool
     mem: dict = field(default_factory=dict)
+    #: a probe launch (``--load-format dummy``): its layer fraction (1.0 = every layer), else None
+    probe_frac: float | None = None
+
+    def masked(self, failure_class: str) -> bool:
+        """A probe cannot hit ``failure_class`` (conf/probe_classes.yaml: memory depends on real weights)."""
+        return self.probe_frac is not None and not probe_classes().reveals(failure_class)
 
     @property
     def tp(self) -> int:
@@ -149,10 +159,12 @@ def _weights_and_kv(s: _Startup) -> Prediction | None:
     """Weight loading (the HTTP port binds after it) and the KV-cache pool."""
     tl, mem, me = s.tl, s.nmem, model_params(s.profile)
     spec = s.launch.speculative
-    w_gib = resident_weights_gib(s.profile, s.tp, spec)
+    w_gib = resident_weights_gib(s.profile, s.tp, spec) * (s.probe_frac or 1.0)
     avail0 = s.gpu_gib - mem["torch_context_gib"]
     tl.log(f"Load weight begin. avail mem={avail0:.2f} GB")
-    tl.advance("load_weights", w_gib * GIB / GB * s.tp / s.st["load_gbs"])
+    # a dummy load reads no checkpoint: random init on the GPUs, [A] ~2 s (DUMMY_LOAD_S)
+    load_s = DUMMY_LOAD_S if s.probe_frac is not None else w_gib * GIB / GB * s.tp / s.st["load_gbs"]
+    tl.advance("load_weights", load_s)
     tl.log(f"Load weight end. type={me.get('architecture', 'Model')}, dtype=torch.bfloat16, "
            f"avail mem={avail0 - w_gib:.2f} GB, mem usage={w_gib:.2f} GB.")
     tl.log("", kind="bind", tag=None)
@@ -165,7 +177,7 @@ def _weights_and_kv(s: _Startup) -> Prediction | None:
     s.pred.memory_gib = {"gpu": s.gpu_gib, "weights": round(w_gib, 3), "pool": round(pool, 3),
                          "kv": round(kv_gib, 3), "kv_tokens": kv_tokens, "graph_target": round(g_target, 3),
                          "graph_draft": round(g_draft, 3), "avail_for_graph": round(avail_graph, 3)}
-    if kv_tokens < mem["min_kv_tokens"]:
+    if kv_tokens < mem["min_kv_tokens"] and not s.masked("kv_cache_pool_too_small"):
         return fl.kv_pool_failure(s.pred, tl)
     tl.advance("kv_alloc", s.st["kv_alloc_s"])
     tl.log(f"KV Cache is allocated. #tokens: {kv_tokens}, KV size: {kv_gib:.2f} GB")
@@ -191,7 +203,7 @@ def _first_forwards(s: _Startup) -> Prediction | None:
         set_by = f"NCCL_ALGO was set to {launch.nccl_algo}." if launch.nccl_algo else \
             f"NCCL_PROTO was set to {launch.nccl_proto}."
         return fl.nccl_invalid_failure(pred, tl, graphs=s.graphs, rank=s.rank_fail, what=what, set_by=set_by)
-    if s.graphs and avail_graph < g_target:
+    if s.graphs and avail_graph < g_target and not s.masked("cuda_oom_graph_capture"):
         return fl.graph_oom_failure(pred, tl, rank=s.rank_fail, need_gib=g_target - max(avail_graph, 0.0),
                                     gpu_gib=s.gpu_gib)
     return None
@@ -202,7 +214,8 @@ def _capture_and_ready(s: _Startup) -> Prediction | None:
     tl, st, act = s.tl, s.st, s.nmem["activations_gib"]
     avail_graph, g_target, g_draft = s.mem["avail_graph"], s.mem["g_target"], s.mem["g_draft"]
     sizes = [b for b in DEFAULT_CAPTURE_BS if b <= s.max_bs] or [s.max_bs]
-    cap_s = st["capture_s_per_size"] * len(sizes) if s.graphs else 0.0
+    full_cap_s = st["capture_s_per_size"] * len(sizes) if s.graphs else 0.0
+    cap_s = full_cap_s * (s.probe_frac or 1.0)  # capture replays every layer: time ∝ layers
     tl.advance("graph_capture", cap_s + st["jit_s"])
     if s.graphs:
         tl.log(f"Capture cuda graph end. Time elapsed: {cap_s + st['jit_s']:.2f} s. mem usage={g_target:.2f} GB. "
@@ -210,10 +223,10 @@ def _capture_and_ready(s: _Startup) -> Prediction | None:
     if s.graphs and s.launch.speculative:
         tl.log(f"Capture draft cuda graph begin. This can take up to several minutes. "
                f"avail mem={avail_graph - g_target + act:.2f} GB")
-        if avail_graph < g_target + g_draft:
+        if avail_graph < g_target + g_draft and not s.masked("cuda_oom_graph_capture"):
             return fl.draft_graph_oom_failure(s.pred, tl, need_gib=g_target + g_draft - max(avail_graph, 0),
                                               gpu_gib=s.gpu_gib)
-        dcap = cap_s * st["draft_capture_factor"]
+        dcap = full_cap_s * st["draft_capture_factor"]  # the one-layer draft is never cut
         tl.advance("graph_capture", dcap)
         tl.log(f"Capture draft cuda graph end. Time elapsed: {dcap:.2f} s. mem usage={g_draft:.2f} GB. "
                f"avail mem={avail_graph - g_target - g_draft + act:.2f} GB.")
@@ -285,6 +298,10 @@ def evaluate(profile: dict, launch: LaunchConfig, *, batch: int = 1, input_len: 
                  max_bs=launch.cuda_graph_max_bs or DEFAULT_MAX_BS_LARGE_GPU, graphs=not launch.disable_cuda_graph)
     s.pred.allreduce_path = cinfo.path
     s.pred.warnings += cinfo.warnings
+    probe = parse_probe(launch.argv)
+    if probe is not None:
+        n = int(model_params(profile)["num_layers"])
+        s.probe_frac = min(1.0, (probe.num_layers or n) / n)
     for phase in (_launcher, _dist_init, _weights_and_kv, _first_forwards, _capture_and_ready):
         failed = phase(s)
         if failed is not None:
