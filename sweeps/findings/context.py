@@ -80,7 +80,7 @@ class Context:
             from tasks.backends import get_backend
 
             cmd = get_backend(self.backend).deploy_command(params, self.node, self.model, self.backend_cfg)
-            return cmd, f"deployable command for `{self.node.get('name', 'the target node')}` (real engine)"
+            return cmd, f"the real engine on `{self.node.get('name', 'the target node')}`"
         except Exception as e:  # noqa: BLE001 - fallback: the recorded launch command, marked as such
             log.info("findings: no deployable command (%s); showing the recorded launch command", e)
             return recorded or "(launch command not recorded)", f"recorded launch command (not deployable: {e})"

@@ -10,21 +10,9 @@ from typing import Any
 import sweeps.findings.measure as M
 from sweeps import records as R
 from sweeps.findings.context import Context
+from sweeps.findings.evidence import decisive_line, degraded_line
 from sweeps.findings.text import cfg, code, fmt, trials
 from sweeps.objective import Objective
-
-
-def _degraded_line(r: R.TrialRecord) -> str | None:
-    """The log line saying the server took another allreduce path than configured."""
-    try:
-        from tasks.failures import detect_perf_findings
-
-        for f in detect_perf_findings(r.log_tail or ""):
-            if f.tag == R.DEGRADED:
-                return f.line.strip()
-    except ImportError:
-        pass
-    return None
 
 
 def _shared_knobs(ctx: Context, cls: str, rs: Sequence[R.TrialRecord]) -> dict[str, Any]:
@@ -53,13 +41,13 @@ def failure_lines(ctx: Context, recs: Sequence[R.TrialRecord]) -> tuple[list[str
     for cls, rs in sorted(by_class.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         kind = rs[0].failure_kind or "?"
         phase = Counter(r.phase for r in rs).most_common(1)[0][0]
-        sig = next((r.failure_signature for r in rs if r.failure_signature), "")
+        sig = next((x for x in (decisive_line(r) for r in rs) if x), "")
         skipped = skipped_by_class.get(cls, 0)
         out.append(f"- **{cls}** ({kind}, {phase}) when {cfg(_shared_knobs(ctx, cls, rs)) or 'any config'}: "
                    f"{trials(r.number for r in rs)}"
                    + (f"; {skipped} later proposal(s) skipped without GPU time" if skipped else ""))
         if sig:
-            out.append(f"  - decisive line: {code(sig[:300])}")
+            out.append(f"  - decisive line (verbatim): {code(sig)}")
     return out, set(by_class)
 
 
@@ -75,13 +63,13 @@ def degraded_lines(recs: Sequence[R.TrialRecord], obj: Objective | None = None) 
     for level, rs in degraded.items():
         skipped = sum(1 for r in recs if r.status == "skipped" and r.failure_class == R.DEGRADED
                       and r.params.get("allreduce") == level)
-        line = next((x for x in (_degraded_line(r) for r in rs) if x), None)
-        measured = M.value_text(M.best_value([M.value_of(r, obj) for r in rs], obj) or 0.0, obj)
+        line = next((x for x in (degraded_line(r) for r in rs) if x), None)
+        measured = M.value_text(M.best_value([M.value_of(r, obj) for r in rs], obj), obj)
         out.append(f"- **allreduce={level} is not what runs** ({R.DEGRADED}): the server silently fell back to NCCL "
                    f"({trials(r.number for r in rs)}; measured {measured} is NCCL's, "
                    f"never credited to {level})" + (f"; {skipped} later proposal(s) skipped" if skipped else ""))
         if line:
-            out.append(f"  - decisive line: {code(line[:300])}")
+            out.append(f"  - decisive line (verbatim): {code(line)}")
     return out
 
 

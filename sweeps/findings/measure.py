@@ -17,7 +17,8 @@ from sweeps.objective import Objective, ObjectiveSet
 
 # The unit of a metric, read off its name's suffix (the metric keys trials log:
 # tasks.types / sweeps.records.TrialRecord.metrics). First match wins.
-_UNIT_SUFFIXES = (("_tok_s", "tok/s"), ("_ms", "ms"), ("_s", "s"), ("accept_length", "tokens"))
+_UNIT_SUFFIXES = (("_tok_s", "tok/s"), ("tok_s_per_user", "tok/s"), ("_req_s", "req/s"), ("_usd_per_mtok", "$/Mtok"),
+                  ("_ms", "ms"), ("_s", "s"), ("accept_length", "tokens"))
 # The default objective. Its wording is kept from the decode-throughput findings ("88.0
 # tok/s", "best tok/s"), and a data-block entry without "objective" measured it.
 DECODE = "decode_tok_s"

@@ -10,10 +10,13 @@ import sweeps.findings.measure as M
 from sweeps import records as R
 from sweeps.findings.baseline import LEGACY_OBJECTIVE, baseline_entry, baseline_history, baseline_section
 from sweeps.findings.best import baseline_measured, best_of, measured
+from sweeps.findings.break_even import break_even_section
 from sweeps.findings.context import Context
 from sweeps.findings.dead_ends import dead_ends_section
 from sweeps.findings.document import BEGIN, END, HEADER, data_line
 from sweeps.findings.groups import build_groups
+from sweeps.findings.losers import losers_section
+from sweeps.findings.next_steps import next_steps_section
 from sweeps.findings.sections import (
     approaches_section,
     best_section,
@@ -82,9 +85,12 @@ def render_section(ctx: Context, records: Sequence[R.TrialRecord],
     L += environment_section(ctx)
     L += baseline_section(ctx, recs, base, cur_entry, hist)
     L += best_section(best, base, conf, winner_entry, obj, ctx)
-    L += approaches_section(gk, groups, base, obj)
+    L += approaches_section(gk, groups, base, obj, conf)
+    L += losers_section(ctx, recs, best, base)
+    L += break_even_section(recs, conf, obj)
     L += dead_ends_section(ctx, recs, base)
     L += untried_section(ctx, recs, groups, gk)
+    L += next_steps_section(ctx, recs, groups, gk)
     L += earlier_sweeps_section(prev, obj)
     data = {"version": DATA_VERSION, "study": ctx.study, "updated": ctx.now, "baselines": hist, "sweeps": sweeps}
     L += [data_line(data), END]

@@ -31,7 +31,9 @@ def counts_line(ctx: Context, recs: Sequence[R.TrialRecord]) -> str:
     gpu_h = sum(r.timings.get("gpu_s", 0.0) for r in recs) / 3600.0
     return (f"Updated {ctx.now}. {len(launched)} trials launched ({n_ok} ok, {n_fail} failed, {n_infra} infra/interrupted), "
             f"{n_rule + n_dup + n_inf} answered without GPU time ({n_rule} known dead ends, {n_dup} duplicates, "
-            f"{n_inf} infeasible); {gpu_h:.2f} GPU-hours." + (f" **{n_run} trial(s) running.**" if n_run else ""))
+            f"{n_inf} infeasible); {gpu_h:.2f} GPU-hours"
+            + (" on the emulated node (modelled, no real GPU time)." if ctx.emulated else ".")
+            + (f" **{n_run} trial(s) running.**" if n_run else ""))
 
 
 def environment_section(ctx: Context) -> list[str]:
@@ -129,10 +131,11 @@ def best_section(best: R.TrialRecord | None, base: float | None, conf: Mapping[s
 
 
 def approaches_section(gk: list[str], groups: dict[tuple, Group], base: float | None,
-                       obj: Objective | None = None) -> list[str]:
+                       obj: Objective | None = None, conf: Mapping[str, Any] | None = None) -> list[str]:
     """The "Approaches" table: one row per combination of the grouping knobs (only those
     launched or skipped when there are more than :data:`MAX_GROUP_ROWS`), with the best
-    objective value (default decode_tok_s) and its ratio to the baseline."""
+    objective value (default decode_tok_s; a sweep measurement, followed by its confirmed
+    mean when ``conf`` re-measured that trial) and its ratio to the baseline."""
     obj = obj or Objective()
     if not gk:
         return []
@@ -144,7 +147,9 @@ def approaches_section(gk: list[str], groups: dict[tuple, Group], base: float | 
         rows = [g for g in rows if g.launched or g.skipped]
     for g in rows:
         bv, bt = best_in(g, obj)
-        L.append(row([*g.key, f"{fmt(bv)} (t{bt})" if bv is not None else "–",
+        cm = measured(next(r for r in g.ok if r.number == bt), conf, obj) if bv is not None else None
+        best_txt = f"{fmt(bv)} (t{bt})" + (f", confirmed {fmt(cm.value)}" if cm and cm.confirmed else "")
+        L.append(row([*g.key, best_txt if bv is not None else "–",
                       f"{sp:.2f}x" if (sp := M.ratio(bv, base, obj)) is not None else "–",
                       g.launched, len(g.skipped), outcome(g, base, obj)]))
     L.append("")

@@ -1,0 +1,173 @@
+"""What the findings say: one consistent best (confirmed means, never a draw that did not
+hold up), a line for every level that ran and lost, decisive lines verbatim, EAGLE's
+break-even acceptance, next steps, the emulated node's label and the deployable command."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sweeps import records as R
+from sweeps.config import load_spec
+from sweeps.findings import Context, read_data_block, render_section, update_findings
+from sweeps.findings.break_even import FORMULA
+from sweeps.findings.evidence import decisive_line
+from tasks.backends import get_backend
+from tests.conftest import compose_cfg
+
+FP = {"gpu_arch": "sm_120", "sglang": "0.5.23"}
+BASE = {"speculative": "none", "allreduce": "nccl", "nccl_proto": "default", "cuda_graph_max_bs": 512}
+SYMM_LOG = """[2026-11-29 15:00:06 TP0] Init torch distributed begin.
+[2026-11-29 15:00:09 TP0] Scheduler hit an exception: Traceback (most recent call last):
+  File "<VENV>/sglang/srt/distributed/device_communicators/symm_mem.py", line 70, in __init__
+    if self.world_size not in SYMM_MEM_ALL_REDUCE_MAX_SIZES[self.device_capability]:
+KeyError: 12
+[2026-11-29 15:00:09] Received sigquit from a child process. It usually means the child failed.
+"""
+
+
+def rec(n: int, tok: float | None, *, status: str = "ok", baseline: bool = False, itl: float | None = None,
+        accept: float = 1.0, log: str = "", cls: str | None = None, sig: str | None = None, **params) -> R.TrialRecord:
+    p = {**BASE, **params}
+    m = {"decode_tok_s": tok, "accept_length": accept, "itl_ms_p50": itl or (1000 / tok if tok else None),
+         "ttft_ms_p50": 80.0} if tok is not None else {}
+    return R.TrialRecord(number=n, state="COMPLETE" if status == "ok" else "PRUNED", params=p, status=status,
+                         metrics=m, failure_class=cls, failure_kind="deterministic" if cls else None,
+                         failure_signature=sig, phase="startup" if cls else None, is_baseline=baseline,
+                         launch_command=f"/venv/bin/python -m tasks.emulator.server --trial {n}", log_tail=log,
+                         fingerprint=FP, timings={"gpu_s": 80.0})
+
+
+def entry(trial: int, mean: float, lo: float, hi: float, *, base: bool = False, verdict: str = "") -> dict:
+    return {"trial": trial, "n": 3, "mean": mean, "ci_low": lo, "ci_high": hi, "is_baseline": base,
+            "tokens_match": None, "verdict": verdict, "label": f"t{trial}", "config": {}}
+
+
+def sweep() -> list[R.TrialRecord]:
+    return [rec(0, 82.5, baseline=True),
+            rec(1, 91.6, cuda_graph_max_bs=128),  # the lucky draw: re-measured at 88.6
+            rec(2, 90.1, nccl_proto="LL", cuda_graph_max_bs=32),
+            rec(3, 55.0, nccl_proto="Simple", cuda_graph_max_bs=32, itl=17.3,
+                log="[2026-11-29 15:00:00] env: NCCL_PROTO=Simple\n[2026-11-29 15:00:06 TP0] Init torch distributed begin.\n"),
+            rec(4, None, status="failed", allreduce="torch_symm_mem", cls="torch_symm_mem_unsupported",
+                sig="KeyError: <N>", log=SYMM_LOG)]
+
+
+CONF = {"repeats": 3, "confidence": 0.95, "baseline_trial": 0, "winner": 2,
+        "entries": [entry(0, 82.0, 78.0, 86.0, base=True), entry(1, 88.6, 83.3, 93.9),
+                    entry(2, 89.9, 86.0, 93.9, verdict="winner")],
+        "winner_note": "Winner t2: 89.9 tok/s mean over 3 runs. The sweep's single best measurement "
+                       "(t1, 91.6 tok/s) did not hold up under repeats."}
+
+
+def ctx(tmp_path: Path, conf: dict | None = CONF, **kw) -> Context:
+    return Context(study="camp", sweep="eagle3_allreduce", fingerprint=FP, baseline_config=dict(BASE),
+                   confirmation=conf, now="2026-12-01T00:00:00+00:00",
+                   mapping={"torch_symm_mem_unsupported": ["allreduce"]},
+                   plots_dir=tmp_path / "store" / "reports" / "camp", findings_path=tmp_path / "findings" / "camp.md",
+                   **kw)
+
+
+def _outside_confirmation(text: str) -> str:
+    return re.sub(r"### Confirmation.*?(?=\n### )", "", text, flags=re.S)
+
+
+def test_one_consistent_best_quotes_confirmed_means(tmp_path):
+    text, data = render_section(ctx(tmp_path), sweep())
+    assert "**t2: 89.9 tok/s**, **1.10x** the baseline" in text  # the confirmed mean, against the confirmed baseline
+    assert "The sweep's single measurement of t2 was 90.1 tok/s." in text
+    assert "**82.0 tok/s** — " in text and "confirmed mean of 3 fresh runs, 95 % CI 78.0–86.0" in text
+    # the reference moved to the confirmed winner, not to t1's single draw that did not hold up
+    assert "The plain-decoding reference moved in this sweep: 82.0 -> 89.9 tok/s" in text
+    body = _outside_confirmation(text)
+    assert "91.6 tok/s" not in body and "-> 91.6" not in body
+    assert "91.6 (t1), confirmed 88.6" in body  # the approaches table says what the draw re-measured at
+    assert data["baselines"][-1]["value"] == 82.0 and data["baselines"][-1]["confirmed_runs"] == 3
+    assert data["sweeps"][-1]["best_value"] == 89.9
+
+
+def test_without_confirmation_values_are_single_measurements(tmp_path):
+    text, data = render_section(ctx(tmp_path, conf=None), sweep())
+    assert "**t1: 91.6 tok/s**" in text and "not yet confirmed with repeats" in text
+    assert "(measured in this sweep, t0; single measurement)" in text
+    assert "82.5 -> 91.6 tok/s (1.11x; single measurement)" in text
+    assert data["baselines"][-1]["confirmed_runs"] == 0
+
+
+def test_drift_line_says_how_each_baseline_was_measured(tmp_path):
+    _, old = render_section(ctx(tmp_path, conf=None), sweep())
+    c2 = ctx(tmp_path)
+    c2.study = "camp-2"
+    text, _ = render_section(c2, sweep(), old)
+    assert "82.5 -> 82.0 tok/s" in text and "82.5: single measurement; 82.0: confirmed mean of 3 fresh runs" in text
+
+
+def test_every_level_that_ran_and_lost_has_a_line_with_margin_and_reason(tmp_path):
+    text, _ = render_section(ctx(tmp_path), sweep())
+    sec = text.split("### What ran and lost")[1].split("\n### ")[0]
+    simple = next(line for line in sec.splitlines() if line.startswith("- `nccl_proto=Simple`"))
+    assert "best 55.0 tok/s (t3, single measurement) = 0.61× the best (-34.9 tok/s), 0.67× the baseline (-27.0 tok/s)" in simple
+    assert "ITL p50 17.3 ms vs 11.1 ms in t2" in simple and "server log: `env: NCCL_PROTO=Simple`" in simple
+    symm = next(line for line in sec.splitlines() if line.startswith("- `allreduce=torch_symm_mem`"))
+    assert "1 of 1 launches failed: torch_symm_mem_unsupported (t4)" in symm
+    # t1 (cuda_graph_max_bs=128) re-measured within noise of the winner: said so, not called a clear loss
+    g128 = next(line for line in sec.splitlines() if line.startswith("- `cuda_graph_max_bs=128`"))
+    assert "t1, confirmed mean of 3 fresh runs" in g128
+    assert not any(line.startswith("- `nccl_proto=LL`") for line in sec.splitlines())  # the winner's level
+
+
+def test_decisive_line_is_verbatim_not_normalized(tmp_path):
+    r = sweep()[4]
+    assert decisive_line(r) == "KeyError: 12"
+    text, _ = render_section(ctx(tmp_path), sweep())
+    assert "decisive line (verbatim): `KeyError: 12`" in text and "KeyError: <N>" not in text
+    # without a log tail the stored signature is all there is
+    r.log_tail = ""
+    assert decisive_line(r) == "KeyError: <N>"
+
+
+def test_break_even_acceptance_next_to_the_measured_one(tmp_path):
+    base = rec(0, 1000 / 11.2, baseline=True)  # 11.2 ms per token
+    eagle = rec(5, 2.9 * 1000 / 54.0, accept=2.9, speculative="eagle3", eagle_num_steps=3, eagle_topk=1,
+                eagle_num_draft_tokens=4)  # a 54 ms verify cycle yielding 2.9 tokens
+    text, _ = render_section(ctx(tmp_path, conf=None), [base, eagle])
+    assert FORMULA in text
+    assert ("EAGLE-3 3/1/4 (t5): acceptance 2.90 measured, 4.82 needed to break even (cycle 54.0 ms vs "
+            "11.2 ms/token) — 1.66× short; unreachable with this shape (at most 4 per cycle)") in text
+    lost = next(line for line in text.splitlines() if line.startswith("- `speculative=eagle3`"))
+    assert "acceptance 2.90 vs 4.82 needed to break even" in lost
+
+
+def test_next_steps_ties_rechecks_and_plot_links(tmp_path):
+    text, _ = render_section(ctx(tmp_path), sweep())
+    sec = text.split("### Next steps")[1]
+    assert "**Ties that need more repeats**: the winner t2 89.9 (86.0–93.9) overlaps t1 88.6 (83.3–93.9) at 3 repeats" in sec
+    assert "sweep.confirm.repeats=6" in sec
+    assert "torch_symm_mem_unsupported (t4; after a torch / nccl upgrade)" in sec
+    assert "`python run_sweep.py sweep=recheck source=camp`" in sec
+    assert "[optimization_history](../store/reports/camp/optimization_history.png)" in sec
+    assert "MLflow parent run" in sec
+
+
+def test_untried_levels_in_next_steps_and_emulated_label_and_deploy_command(tmp_path):
+    spec = load_spec(compose_cfg(["sweep=smoke", f"tracking.store_dir={tmp_path / 'store'}",
+                                  f"tracking.findings_dir={tmp_path / 'findings'}"]))
+    recs = [rec(0, 82.0, baseline=True, cuda_graph_max_bs=128), rec(1, 88.0, cuda_graph_max_bs=64)]
+    for r in recs:
+        r.params.pop("nccl_proto")
+    text = update_findings(spec, "smoke", recs, FP, None).read_text()
+    assert "**Untried levels** (never launched, no known dead end): `allreduce` = custom, flashinfer_fusion; " \
+           "`cuda_graph_max_bs` = 512." in text
+    best = text.split("### Best config")[1].split("\n### ")[0]
+    assert "(emulated 8×RTX PRO 6000 Blackwell node)" in best
+    deploy = best.split("```bash\n")[1].split("\n```")[0]
+    assert deploy.startswith("python -m sglang.launch_server --model-path ") and "--port 30000" in deploy
+    assert "tasks.emulator" not in deploy and "/venv/" not in deploy
+    assert "What the sweep launched (emulated 8×RTX PRO 6000 Blackwell node): `/venv/bin/python" in best
+    assert "GPU-hours on the emulated node (modelled, no real GPU time)" in text
+    assert read_data_block(text)["sweeps"][-1]["best_trial"] == 1
+
+
+def test_backends_say_whether_their_numbers_are_emulated():
+    assert get_backend("emulated").emulated and get_backend("instant").emulated
+    assert not get_backend("sglang").emulated and not get_backend("vllm").emulated
