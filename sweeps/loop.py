@@ -19,7 +19,7 @@ from typing import Any
 
 import optuna
 
-from sweeps import gates, probes
+from sweeps import gates, load_objective, probes
 from sweeps import records as R
 from sweeps import study as S
 from sweeps.config import SweepSpec, backend_dict
@@ -246,7 +246,7 @@ class Driver:
             return
         tspec = TrialSpec(
             sweep=self.study_name, trial_number=trial.number, params=params, argv=argv, env=env,
-            backend=self.spec.backend.kind, gpus=self.spec.gpus_per_trial, bench=self.spec.bench_spec(),
+            backend=self.spec.backend.kind, gpus=self.spec.gpus_per_trial, bench=load_objective.trial_bench(self),
             timeouts=self.spec.timeouts(), container_name=self.spec.backend.container_name, expected_paths=expected,
         )
         self._submit(trial, params, probes.first(self, trial, params, tspec), attempt=1)
@@ -276,7 +276,7 @@ class Driver:
     def _metrics(self, f: InFlight, res: TrialResult) -> dict[str, float]:
         """The trial's metrics plus ``speedup_vs_baseline`` (the objective's ratio to the
         baseline's, > 1 = better); tags a speculative config that is not better."""
-        metrics = dict(res.metrics)
+        metrics = load_objective.derived(res.metrics, self.spec) if res.status == "ok" else dict(res.metrics)
         if res.status != "ok":
             return metrics
         obj = self.objectives.primary

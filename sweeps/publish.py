@@ -19,6 +19,7 @@ import optuna
 from sweeps import records as R
 from sweeps.config import SweepSpec
 from sweeps.deploy import deploy_command_for, node_label
+from sweeps.load_objective import mlflow_metric_keys
 from sweeps.progress import Progress, metric_text
 from tasks.redact import redact_argv
 from tasks.types import TrialResult, TrialSpec
@@ -80,6 +81,7 @@ class Publisher:
             self.tracker = Tracker(sp.mlflow_uri, sp.sweep.name, sp.artifact_location)
             self.tracker.metric_keys |= {*self.objectives.names,
                                          *(c.metric for o in self.objectives.objectives for c in o.constraints)}
+            self.tracker.metric_keys |= mlflow_metric_keys(sp.bench_spec())
             self.tracker.open_parent(study, sp.sweep.description or sp.sweep.name,
                                      {"sweep": sp.sweep.name, "node": sp.node.name, "model": sp.model.name,
                                       "backend": sp.backend.kind, "objective": ",".join(self.objectives.names),

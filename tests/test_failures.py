@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks.failures import (
+    HEALTHY,
     KIND,
     PRECEDENCE,
     SIGNATURES,
@@ -232,7 +234,8 @@ READY = "[2026-01-01 00:00:05] The server is fired up and ready to roll!\n"
     (READY + TB + "RuntimeError: CUDA error: an illegal memory access was encountered\n" + SIGQUIT, -9, "bench",
      "cuda_illegal_memory_access"),
     (READY + "[x TP0] Decode batch. #running-req: 1\n", None, "bench", "bench_stall"),
-    (READY + "[x TP0] Decode batch. #running-req: 1\n", None, None, "bench_stall"),
+    # no phase given and no failure after ready: the log alone shows a healthy server
+    (READY + "[x TP0] Decode batch. #running-req: 1\n", None, None, "healthy"),
     (READY, 0, "bench", "early_exit"),
     (READY, None, "teardown", "teardown_timeout"),
     # OOM: capture stage vs runtime
@@ -276,7 +279,7 @@ READY = "[2026-01-01 00:00:05] The server is fired up and ready to roll!\n"
 def test_exit_code_and_phase_semantics(log, exit_code, phase, expected):
     c = classify(log, exit_code, phase)
     assert c.failure_class == expected, c
-    assert c.kind == KIND[expected]
+    assert c.kind == (HEALTHY if expected == HEALTHY else KIND[expected])
 
 
 def test_healthy_server_with_degraded_path_is_perf():
@@ -339,6 +342,11 @@ def test_spec_no_speedup_threshold_and_errors():
 
 
 # ------------------------------------------------------------------ fuzz
+def _healthy_ok(c, exit_code, phase) -> bool:
+    """``healthy`` only without a phase, without a failing exit code, on a line of the log."""
+    return c.healthy and c.kind == HEALTHY and phase is None and exit_code in (None, 0) and bool(c.line)
+
+
 _PHASES = st.sampled_from([None, "preflight", "startup", "warmup", "bench", "teardown"])
 _EXITS = st.one_of(st.none(), st.integers(min_value=-64, max_value=300))
 
@@ -347,7 +355,7 @@ _EXITS = st.one_of(st.none(), st.integers(min_value=-64, max_value=300))
 @given(text=st.text(max_size=2000), exit_code=_EXITS, phase=_PHASES)
 def test_fuzz_random_text_never_raises(text, exit_code, phase):
     c = classify(text, exit_code, phase)
-    assert c.failure_class in KIND and c.kind == KIND[c.failure_class]
+    assert (c.failure_class in KIND and c.kind == KIND[c.failure_class]) or _healthy_ok(c, exit_code, phase)
     assert not c.signature.startswith("<classifier error")
     assert len(c.signature) <= 300
 
@@ -362,7 +370,7 @@ def test_fuzz_truncated_real_logs_never_raise(idx, a, b, junk, exit_code, phase)
     text = _ALL_LOGS[idx]
     lo, hi = sorted((int(a * len(text)), int(b * len(text))))
     c = classify(junk + text[lo:hi] + junk, exit_code, phase)
-    assert c.failure_class in KIND
+    assert c.failure_class in KIND or _healthy_ok(c, exit_code, phase)
     assert not c.signature.startswith("<classifier error")
 
 
@@ -465,3 +473,93 @@ def test_bad_table_entry_is_named_in_the_error(tmp_path, edit, message):
 
     with pytest.raises(SignatureTableError, match=message):
         load_tables(_table_with(tmp_path, edit))
+
+
+# ------------------------------------------------------------------ phase read from the log
+VLLM_LOGS = REPO / "tests" / "data" / "vllm_logs"
+
+
+def _all_cases() -> list[tuple[Path, str]]:
+    """(log path, expected class) of the shared cases and the real vLLM logs."""
+    out = [(FAILURES / c["log"], c["expected_class"]) for c in CASES]
+    out += [(VLLM_LOGS / c["log"], c["expected_class"])
+            for c in yaml.safe_load((VLLM_LOGS / "cases.yaml").read_text())["cases"]]
+    return out
+
+
+def _healthy_logs(tmp_path: Path) -> list[Path]:
+    """A healthy SGLang log (the emulated node's baseline) and a healthy vLLM startup (the real
+    vLLM log of V03 up to uvicorn's "Application startup complete", before the kill)."""
+    from sweeps.config import backend_dict, load_spec
+    from sweeps.driver import emulator_profile
+    from tasks.emulator.instant import simulate
+    from tasks.knobs import render_launch
+    from tests.conftest import compose_cfg
+
+    spec = load_spec(compose_cfg(["backend=instant", "sweep=eagle3_allreduce"]))
+    argv, env, _ = render_launch(dict(spec.sweep.baseline), spec.node.model_dump(), spec.model.model_dump(),
+                                 backend_dict(spec))
+    out = simulate(emulator_profile(spec), argv, env, spec.bench_spec(), seed=0)
+    assert out["status"] == "ok"
+    sg = tmp_path / "healthy_sglang.log"
+    sg.write_text(out["log"])
+    v = (VLLM_LOGS / "cpu_engine_core_sigkill_mid_stream.log").read_text()
+    i = v.index("Application startup complete")
+    vl = tmp_path / "healthy_vllm.log"
+    vl.write_text(v[:v.index("\n", i) + 1])
+    return [sg, vl]
+
+
+def _cli(*args: str) -> list[list[str]]:
+    r = subprocess.run([sys.executable, "-m", "tasks.failures", *args], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    return [line.split("\t") for line in r.stdout.splitlines()]
+
+
+@needs_shared
+def test_cli_with_logs_only_classifies_every_case_and_healthy_logs(tmp_path):
+    """No exit code, no phase: the phase is read from the log (ready line or not)."""
+    cases = _all_cases()
+    healthy = _healthy_logs(tmp_path)
+    rows = _cli(*[str(p) for p, _ in cases], *[str(p) for p in healthy])
+    got = {row[0]: row[1] for row in rows}
+    wrong = {str(p): (want, got.get(str(p))) for p, want in cases if got.get(str(p)) != want}
+    assert not wrong, wrong
+    assert [got[str(p)] for p in healthy] == [HEALTHY, HEALTHY]
+    assert all(row[2] == HEALTHY for row in rows if row[1] == HEALTHY)
+    assert len(CASES) >= 20 and sum("vllm_logs" in str(p) for p, _ in cases) >= 4
+    # a failure stays a failure whatever the speedup
+    assert _cli("--speedup", "0.5", str(FAILURES / "logs" / "B01.log"))[0][1] == \
+        "flashinfer_allreduce_fusion_unsupported_arch"
+
+
+def test_log_stuck_in_distributed_init_is_a_collective_hang_without_phase():
+    log = ("[2026-01-01 00:00:00] server_args=ServerArgs(tp_size=8)\n"
+           "[2026-01-01 00:00:02 TP0] Init torch distributed begin.\n"
+           "[2026-01-01 00:00:03 TP3] NCCL INFO NCCL version 2.27.3+cuda12.9\n")
+    c = classify(log)
+    assert c.failure_class == "collective_hang_or_timeout", c
+    # it got past distributed init and stopped loading: a startup timeout, not a hang
+    assert classify(log + "[2026-01-01 00:00:09 TP0] Init torch distributed ends.\n"
+                    "[2026-01-01 00:00:09 TP0] Load weight begin. avail mem=90 GB\n").failure_class == "startup_timeout"
+    # the same log with the harness's phase keeps its meaning
+    assert classify(log, None, "startup").failure_class == "collective_hang_or_timeout"
+
+
+def test_healthy_needs_no_phase_and_no_failing_exit(tmp_path):
+    sg = _healthy_logs(tmp_path)[0].read_text()
+    assert classify(sg).healthy and classify(sg, 0).healthy
+    assert classify(sg, None, "bench").failure_class == "bench_stall"  # the harness says the stream stopped
+    assert classify(sg, 1).failure_class == "server_crash"
+
+
+@pytest.mark.parametrize("speedup,expected", [(0.93, "spec_decode_no_speedup"), (1.0, "spec_decode_no_speedup"),
+                                              (1.2, HEALTHY)])
+def test_cli_speedup_and_bench_json(tmp_path, speedup, expected):
+    sg = _healthy_logs(tmp_path)[0]
+    assert _cli("--speedup", str(speedup), str(sg))[0][1] == expected
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"metrics": {"decode_tok_s": 80.0 * speedup, "baseline_decode_tok_s": 80.0}}))
+    row = _cli("--bench", str(bench), str(sg))[0]
+    assert row[1] == expected and (row[2] == "perf" if expected != HEALTHY else row[2] == HEALTHY)
