@@ -18,8 +18,16 @@ TP/DP/EP ranks and numbers masked (:func:`normalize_line`), so two logs that dif
 those details give the same signature. Perf findings on a healthy server are in
 ``tasks.perf_findings`` (re-exported here).
 
-CLI: ``python -m tasks.failures [--exit-code N] [--phase P] LOG...`` prints
-``PATH<TAB>CLASS<TAB>KIND<TAB>SIGNATURE`` per log.
+Without a phase (and without an exit code, or exit 0) the phase is read from the log: a log
+that never reached the server's ready line (SGLang "The server is fired up and ready to
+roll!", vLLM's API server "Application startup complete" / "Uvicorn running") failed at
+startup (last progress in distributed init: a collective hang); a log that reached it with no
+failure signature is :data:`HEALTHY` (not a failure class: ``failure_class == "healthy"``,
+``kind == "healthy"``); :func:`with_speedup` turns a healthy speculative trial at or below
+the baseline into ``spec_decode_no_speedup``.
+
+CLI: ``python -m tasks.failures [--exit-code N] [--phase P] [--speedup X | --bench B.json] LOG...``
+prints ``PATH<TAB>CLASS<TAB>KIND<TAB>SIGNATURE`` per log (CLASS ``healthy`` for a healthy log).
 """
 
 from __future__ import annotations
@@ -82,6 +90,8 @@ MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = TABLES.milestones
 PRECEDENCE: tuple[str, ...] = tuple(dict.fromkeys(s.failure_class for s in SIGNATURES))
 
 _SIGKILL = frozenset({-9, 137})
+#: The verdict for a log that reached ready with no failure signature (not a key of KIND).
+HEALTHY = "healthy"
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,11 @@ class Classification:
     kind: str
     signature: str
     line: str
+
+    @property
+    def healthy(self) -> bool:
+        """The log shows a healthy server (:data:`HEALTHY`): no failure."""
+        return self.failure_class == HEALTHY
 
 
 def _speedup_check(text: str) -> str | None:
@@ -152,6 +167,11 @@ FALLBACKS: tuple[tuple[str, Callable[[_Facts], bool], str], ...] = (
 # --------------------------------------------------------------------------------------
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _SIGQUIT = re.compile(r"Received sigquit from a child process")
+#: vLLM's API server lines ("(APIServer pid=N) ...", tests/data/vllm_logs) and its ready lines:
+#: uvicorn's, unprefixed. SGLang prints the same uvicorn lines *before* its warmup, so they
+#: mean ready only in a vLLM log; SGLang's ready line is the ``ready`` milestone of the table.
+_VLLM_LOG = re.compile(r"^\(APIServer pid=\d+\)", re.M)
+_UVICORN_READY = re.compile(r"Application startup complete|Uvicorn running on")
 _ERRORISH = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b:?|\b(?:ERROR|FATAL|fatal|Fatal)\b|\bNCCL WARN\b")
 
 
@@ -212,9 +232,13 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         if line is not None:
             return _make(row.failure_class, line, f"<{row.failure_class}>")
 
-    ready = "ready" in stages
+    vllm_ready = bool(_VLLM_LOG.search(text)) and bool(_UVICORN_READY.search(text))
+    ready = "ready" in stages or vllm_ready
+    if phase is None and ready and exit_code in (None, 0):  # reached ready, nothing failed
+        line = next((ln for ln, st in zip(lines, stages) if st == "ready"), "") or _last_line(lines, _UVICORN_READY)
+        return Classification(HEALTHY, HEALTHY, "<healthy: reached ready, no failure signature>", line)
     if phase is None and exit_code is None:
-        phase = "bench" if ready else "startup"  # still running: infer the phase from the log
+        phase = "startup"  # still running and never ready: it failed at startup
     facts = _Facts(exit_code, phase, bool(_SIGQUIT.search(text)), bool(_TRACEBACK.search(text)),
                    ready, next((s for s in reversed(stages) if s), None))
     code = "still running" if exit_code is None else f"exit {exit_code}"
@@ -254,6 +278,30 @@ def classify(log_text: str, exit_code: int | None = None, phase: str | None = No
         return Classification("unknown", KIND["unknown"], f"<classifier error: {type(e).__name__}>", "")
 
 
+def with_speedup(c: Classification, speedup: float | None) -> Classification:
+    """A healthy verdict becomes ``spec_decode_no_speedup`` when the trial's speculative
+    decoding ``speedup`` (decode tok/s over the baseline's) is <= 1.0; else ``c`` unchanged."""
+    if not c.healthy or speedup is None or speedup > 1.0:
+        return c
+    return Classification("spec_decode_no_speedup", KIND["spec_decode_no_speedup"],
+                          f"<speculative decoding at {speedup:.3f}x the baseline (<= 1.0)>", c.line)
+
+
+def _bench_speedup(path: str) -> float:
+    """Speedup from a bench JSON: ``speedup_vs_baseline``, or ``decode_tok_s`` over
+    ``baseline_decode_tok_s`` (top level or under ``metrics``). Raises ValueError when absent."""
+    import json
+
+    data = json.loads(Path(path).read_text())
+    m = data.get("metrics", data) if isinstance(data, dict) else {}
+    if "speedup_vs_baseline" in m:
+        return float(m["speedup_vs_baseline"])
+    base = m.get("baseline_decode_tok_s", data.get("baseline_decode_tok_s"))
+    if "decode_tok_s" in m and base:
+        return float(m["decode_tok_s"]) / float(base)
+    raise ValueError(f"{path}: no speedup_vs_baseline, nor decode_tok_s + baseline_decode_tok_s")
+
+
 def harness_classification(failure_class: str, detail: str = "") -> Classification:
     """A classification for a class the harness decides by name (``bench_stall``, ``gpu_busy``...).
 
@@ -282,7 +330,12 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("--exit-code", type=_exit_code_arg, default=None,
                    help="exit code the parent saw (int, or 'none' = still running)")
     p.add_argument("--phase", choices=["preflight", "startup", "warmup", "bench", "teardown"], default=None)
+    sp = p.add_mutually_exclusive_group()
+    sp.add_argument("--speedup", type=float, default=None,
+                    help="speculative trial's decode speedup over the baseline (a healthy log <= 1.0 is spec_decode_no_speedup)")
+    sp.add_argument("--bench", default=None, help="bench JSON with speedup_vs_baseline (or decode_tok_s + baseline_decode_tok_s)")
     a = p.parse_args(list(argv) if argv is not None else None)
+    speedup = _bench_speedup(a.bench) if a.bench else a.speedup
     rc = 0
     for path in a.logs:
         try:
@@ -291,7 +344,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             print(f"{path}: {e.strerror}", file=sys.stderr)
             rc = 2
             continue
-        c = classify(text, a.exit_code, a.phase)
+        c = with_speedup(classify(text, a.exit_code, a.phase), speedup)
         print(f"{path}\t{c.failure_class}\t{c.kind}\t{c.signature}")
     return rc
 
