@@ -59,6 +59,14 @@ RESULTS = REPO / "benchmarks" / "results"
 #: Goal of issue 5: servesweep <= 1/10 of grid and <= 1/2 of plain TPE (GPU-hours to target).
 GOAL_VS_GRID = 0.10
 GOAL_VS_TPE = 0.50
+#: Goals of issue 15 (probe launches), by medians: <= 1/3 of the better of random and plain
+#: TPE, <= 3x the physical limit (baseline + winner full launches), and the GPU-seconds spent
+#: on configs that fail at startup <= 15 % of what their full launches cost.
+GOAL_VS_BEST_PLAIN = 1 / 3
+GOAL_VS_PHYSICAL = 3.0
+GOAL_DEAD_END_FRACTION = 0.15
+#: The sweep (conf/sweep/<name>.yaml) benchmarked; ``--space`` sets it before the workers fork.
+SWEEP = "eagle3_allreduce"
 
 
 @dataclass
@@ -82,7 +90,7 @@ def _spec(extra: list[str] | None = None):
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["backend=instant", "sweep=eagle3_allreduce", *(extra or [])])
+        cfg = compose("config", overrides=["backend=instant", f"sweep={SWEEP}", *(extra or [])])
     GlobalHydra.instance().clear()
     return load_spec(cfg)
 
@@ -149,6 +157,9 @@ class RunResult:
     asks: int
     failed_launches: int
     best_true_tok_s: float
+    #: GPU-s spent on configs that fail at startup, and what their full launches cost
+    dead_end_gpu_s: float = 0.0
+    dead_end_full_gpu_s: float = 0.0
 
 
 def grid_run(rows: list[Row], target: float, seed: int) -> RunResult:
@@ -239,10 +250,13 @@ def servesweep_run(rows: dict[str, Row], target: float, seed: int, cap_trials: i
         recs = R.load_records(drv.study)
     launched = [r for r in recs if r.launched]
     spent = sum(float(r.timings.get("gpu_s", 0.0)) for r in launched)
+    dead = [(float(r.timings.get("gpu_s", 0.0)), rows[k].gpu_s) for r in launched
+            if (k := R.config_key(r.params)) in rows and rows[k].status != "ok"]
     best = max((rows[R.config_key(r.params)].true_tok_s for r in launched
                 if r.status == "ok" and R.config_key(r.params) in rows and R.counts_for_level(r)), default=0.0)
     return RunResult("servesweep", seed, drv.reached, spent / 3600, len(launched), len(recs),
-                     sum(r.status != "ok" for r in launched), best)
+                     sum(r.status != "ok" for r in launched), best,
+                     sum(d[0] for d in dead), sum(d[1] for d in dead))
 
 
 # ---------------------------------------------------------------------------------------
@@ -266,7 +280,44 @@ def summarize(results: list[RunResult], grid_exact: float) -> dict[str, Any]:
             "per_seed_gpu_hours": [round(r.gpu_hours, 3) for r in rs],
         }
     out["grid"]["exact_expected_gpu_hours"] = grid_exact
+    ss = [r for r in results if r.strategy == "servesweep"]
+    full = sum(r.dead_end_full_gpu_s for r in ss)
+    out["servesweep"]["dead_end_cost_fraction"] = sum(r.dead_end_gpu_s for r in ss) / full if full else float("nan")
     return out
+
+
+def physical_limit_gpu_hours(rows: list[Row], spec: Any, target: float) -> float:
+    """The least any strategy can spend: the baseline's full launch plus the cheapest full
+    launch of a config at the target (GPU-h, time_scale 1)."""
+    base = _evaluate(dict(spec.sweep.baseline))
+    hits = [r.gpu_s for r in rows if r.status == "ok" and not r.degraded and r.true_tok_s >= target]
+    return (base.gpu_s + min(hits, default=0.0)) / 3600
+
+
+def _verdict(ratio: float, goal: float) -> str:
+    if ratio != ratio:
+        return "not measured"
+    return "met" if ratio <= goal else f"MISSED by {ratio / goal:.2f}x"
+
+
+def _probe_goals(summary: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """The probe-launch goals (medians), each ratio stated met or missed."""
+    sm = summary["servesweep"]["median_gpu_hours"]
+    plain = {k: summary[k]["median_gpu_hours"] for k in ("random", "tpe_plain") if summary[k]["runs"]}
+    lines = ["", "## Goals with probe launches (medians)", ""]
+    if plain:
+        name, ref = min(plain.items(), key=lambda kv: kv[1])
+        r = sm / ref if ref else float("nan")
+        lines.append(f"- servesweep / better of random and plain TPE ({name}) = {sm:.2f} / {ref:.2f} = {r:.3f} "
+                     f"(goal <= {GOAL_VS_BEST_PLAIN:.3f}): {_verdict(r, GOAL_VS_BEST_PLAIN)}")
+    phys = meta["physical_limit_gpu_hours"]
+    r = sm / phys if phys else float("nan")
+    lines.append(f"- servesweep / physical limit (baseline + cheapest target config, full launches) = {sm:.2f} / "
+                 f"{phys:.2f} = {r:.2f} (goal <= {GOAL_VS_PHYSICAL}): {_verdict(r, GOAL_VS_PHYSICAL)}")
+    f = summary["servesweep"].get("dead_end_cost_fraction", float("nan"))
+    lines.append(f"- GPU-s on configs that fail at startup / their full launches' cost = {f:.3f} "
+                 f"(goal <= {GOAL_DEAD_END_FRACTION}): {_verdict(f, GOAL_DEAD_END_FRACTION)}")
+    return lines
 
 
 def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
@@ -301,13 +352,16 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
         ratio = sm / ref if ref else float("nan")
         verdict = "met" if ratio <= goal else f"MISSED by {ratio / goal:.2f}x (ratio {ratio:.3f} vs goal {goal})"
         lines.append(f"- by medians: servesweep / {label} = {sm:.2f} / {ref:.2f} = {ratio:.3f} (goal <= {goal}): {verdict}")
+    lines += _probe_goals(summary, meta)
     lines += ["", "Notes: plain TPE treats failures as FAIL, which TPE ignores, so it stays in its random "
               "start-up phase (Optuna's RandomSampler with the same seed) until it has "
               "`n_startup_trials` successes: on most seeds it is the random arm, and a run that "
               "keeps landing in dead regions (seed 0) does not recover. servesweep pays a fixed "
-              "~3.4 GPU-h for its seed trials (baseline, the EAGLE-3 seed, one trial per allreduce / "
-              "NCCL algo / MoE A2A level, 4 of which are the campaign's dead ends) and is never unlucky; "
-              "a lucky random draw can beat it (seed 4: the first random launch hits the target)."]
+              "cost for its seed trials (baseline, the EAGLE-3 seed, one trial per allreduce / "
+              "NCCL algo / MoE A2A level, 4 of which are the campaign's dead ends): with probe launches "
+              "(sweeps/probes.py) the dead ends and the silently degraded custom level cost a probe "
+              "(dummy weights, no weight load, capture scaled by layers) instead of a full launch; "
+              "a lucky random draw can still beat it (the first random launch can hit the target)."]
     cens = {k: s["runs"] - s["reached"] for k, s in summary.items() if s["runs"] - s["reached"]}
     if cens:
         lines += ["", "Censored runs (target not reached within the cap; their mean is a lower bound): "
@@ -319,7 +373,9 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; writes ``sweep_efficiency.json`` and ``.md`` under ``--out``."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=11)
+    ap.add_argument("--space", default="eagle3_allreduce", help="the sweep (conf/sweep/<name>.yaml); "
+                    "another than the campaign's writes sweep_efficiency_<name>.json/.md")
     ap.add_argument("--target", type=float, default=0.98, help="fraction of the best achievable tok/s")
     ap.add_argument("--cap-trials", type=int, default=300, help="launches per run before it is censored")
     ap.add_argument("--max-asks", type=int, default=3000)
@@ -329,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", default="grid,random,tpe_plain,servesweep")
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
+    global SWEEP
+    SWEEP = a.space
+    if a.space != "eagle3_allreduce":
+        a.cache = a.cache.with_name(f"{a.cache.stem}-{a.space}{a.cache.suffix}")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     import logging
     logging.getLogger("servesweep").setLevel(logging.ERROR)
@@ -353,16 +413,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"launches={r.launches} asks={r.asks} failed={r.failed_launches}", flush=True)
     grid_exact = grid_expected_gpu_hours(rows, target)
     summary = summarize(results, grid_exact)
-    meta = {"sweep": "eagle3_allreduce", "feasible_configs": len(rows),
+    meta = {"sweep": a.space, "physical_limit_gpu_hours": physical_limit_gpu_hours(rows, _spec(), target),
+            "feasible_configs": len(rows),
             "failing_configs": sum(r.status != "ok" for r in rows), "seeds": a.seeds,
             "best_tok_s": best.true_tok_s, "best_config": best.key, "target_tok_s": target,
             "target_fraction": a.target, "target_configs": sum(r.true_tok_s >= target for r in good),
             "cap_trials": a.cap_trials, "elapsed_s": time.monotonic() - t0}
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "sweep_efficiency.json").write_text(json.dumps(
+    stem = "sweep_efficiency" if a.space == "eagle3_allreduce" else f"sweep_efficiency_{a.space}"
+    (a.out / f"{stem}.json").write_text(json.dumps(
         {"meta": meta, "summary": summary, "runs": [asdict(r) for r in results]}, indent=1, default=str))
     md = markdown(summary, meta)
-    (a.out / "sweep_efficiency.md").write_text(md)
+    (a.out / f"{stem}.md").write_text(md)
     print(md)
     return 0
 
