@@ -177,7 +177,7 @@ class TrackingConfig(_Model):
     artifact_location: str | None = None
     optuna_storage: str | None = None
     rules_db: str | None = None
-    findings_dir: str = "findings"
+    findings_dir: str | None = None  # None: findings/ for the default store, else <store_dir>/findings
 
 
 class RayConfig(_Model):
@@ -273,7 +273,9 @@ class SweepSpec(_Model):
     def findings_path(self) -> Path:
         if self.sweep.findings_path:
             return self.path(self.sweep.findings_path)
-        return self.path(self.tracking.findings_dir) / f"{self.study}.md"
+        t = self.tracking  # per store, never per run: two stores with one study name keep two documents
+        d = t.findings_dir or ("findings" if t.store_dir == TrackingConfig().store_dir else str(self.store_dir / "findings"))
+        return self.path(d) / f"{self.study}.md"
 
 
 

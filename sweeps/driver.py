@@ -30,6 +30,7 @@ from sweeps.lifecycle import EXIT_INTERRUPTED, execute
 from sweeps.loop import Driver, InFlight
 from sweeps.preflight import emulator_profile, sweep_errors
 from sweeps.space import seed_configs
+from sweeps.stores import new_study_name
 from sweeps.study import SPACE_ATTR, SweepError, make_sampler, open_study, space_signature
 
 __all__ = ["EXIT_INTERRUPTED", "SPACE_ATTR", "Driver", "InFlight", "SweepError", "dry_run", "emulator_profile",
@@ -111,7 +112,7 @@ def run(cfg: Any) -> float | None:
         sys.exit(dry_run(spec))
     study_name = spec.study
     if spec.new_study and not spec.study_name:
-        study_name = f"{spec.sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        study_name = new_study_name(spec.sweep.name)
     from sweeps.estimate import estimate_gpu_hours
 
     print(estimate_gpu_hours(spec)[1], flush=True)
@@ -128,7 +129,7 @@ def run(cfg: Any) -> float | None:
         sys.exit(EXIT_INTERRUPTED)
     except sweep_errors() as e:
         print(f"servesweep: {e}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(getattr(e, "exit_code", 1))
     except optuna.exceptions.StorageInternalError as e:
         print(f"servesweep: the Optuna storage {spec.optuna_storage} failed ({e.__cause__ or e}); finished trials "
               f"are kept there. Fix the store and run the same command again to resume.", file=sys.stderr)

@@ -26,8 +26,10 @@ from sweeps.config import SweepSpec, backend_dict
 from sweeps.executor import Executor, RayExecutor, collect, retry_reason
 from sweeps.preflight import check_launcher, emulator_profile, ensure_writable
 from sweeps.publish import Publisher, guard
+from sweeps.queue_order import pop_priority
 from sweeps.record_io import write_outcome
 from sweeps.space import SearchSpace
+from sweeps.stores import prepare as prepare_stores
 from tasks.backends import get_backend
 from tasks.types import TrialResult, TrialSpec
 
@@ -35,8 +37,10 @@ log = logging.getLogger("servesweep")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _interrupted() -> TrialResult:
-    return TrialResult(status="interrupted", failure_class=None, phase="bench",
+def _interrupted(phase: str | None = None) -> TrialResult:
+    """An interrupted trial, in the phase its task reached (unknown: ``startup``, since a
+    trial the driver never heard back from cannot be shown to have passed readiness)."""
+    return TrialResult(status="interrupted", failure_class=None, phase=phase or "startup",
                        failure_signature="sweep interrupted (SIGINT)")
 
 
@@ -115,6 +119,7 @@ class Driver:
                 another driver, no trial slot.  RayUnavailable: Ray cannot be reached.
         """
         ensure_writable(self.spec)
+        prepare_stores(self.spec, self.track)  # schemas created once, under <store>/locks/create.lock
         check_launcher(self.spec)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         from sweeps.sqlite_tuning import tune_sqlite_engines
@@ -199,8 +204,9 @@ class Driver:
                 break
 
     def ask(self) -> tuple[optuna.trial.Trial, dict[str, Any]] | None:
-        """The next proposal (an enqueued trial first, then the sampler's); None = none left."""
-        trial = self.study.ask()
+        """The next proposal (a waiting baseline or re-queued trial first, then the other
+        enqueued ones, then the sampler's); None = none left."""
+        trial = pop_priority(self.study) or self.study.ask()
         return trial, self.space.sample(trial)
 
     def _gate(self, trial: optuna.trial.Trial, params: dict[str, Any], key: str) -> gates.Skip | None:
@@ -318,9 +324,9 @@ class Driver:
         self._pending_flush = True
 
     def _learn(self, number: int, params: dict[str, Any], res: TrialResult, retried: bool) -> None:
-        """Record a failure rule: deterministic classes at once; a transient class only after
-        its retry failed too (then it applies to this sweep only)."""
-        if res.failure_kind == "transient" and not retried:
+        """Record a failure rule for a deterministic class; a transient class never becomes one
+        (a config must not turn into a dead end because of a fault that may not recur)."""
+        if res.failure_kind == "transient":
             return
         if not res.failure_class or not (res.fingerprint or self.fingerprint):
             return
@@ -331,7 +337,7 @@ class Driver:
         with guard(f"record a failure rule for trial {number}"):
             self.rules.learn(res.fingerprint or self.fingerprint, self.spec.model.name, params, res.failure_class,
                              res.failure_signature or "", {"sweep": self.study_name, "trial_number": number},
-                             mapping=self.implicated, force=res.failure_kind == "transient")
+                             mapping=self.implicated)
 
     def _check_breaker(self) -> None:
         cb = self.spec.sweep.circuit_breaker
@@ -355,7 +361,7 @@ class Driver:
             for ref in self.executor.wait(list(self.inflight), timeout=1.0):
                 f = self.inflight.pop(ref)
                 got = collect(self.executor, ref)
-                res = got if got.status == "ok" else _interrupted()
+                res = got if got.status == "ok" else _interrupted(got.phase)
                 self._record(f, res)
                 if res.status == "interrupted":
                     self._requeue(f)

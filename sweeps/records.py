@@ -41,6 +41,8 @@ A_LOG_TAIL = "log_tail"
 A_VIOLATED = "violated_constraints"
 #: the whole outcome in one attribute (sweeps.record_io.OutcomeRecord); older studies lack it
 A_RECORD = "record"
+#: set on a trial enqueued again because its first run was interrupted (runs first: sweeps.queue_order)
+A_REQUEUED = "requeued"
 
 
 def config_key(params: dict[str, Any]) -> str:

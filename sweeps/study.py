@@ -170,7 +170,7 @@ def enqueue_seeds(study: optuna.Study, spec: SweepSpec, space: SearchSpace) -> N
 def requeue(study: optuna.Study, params: Mapping[str, Any], user_attrs: Mapping[str, Any]) -> None:
     """Enqueue a config again (an interrupted trial), keeping its enqueue attrs (e.g. ``is_baseline``)."""
     attrs = dict(user_attrs.get("enqueue_attrs") or {})
-    study.enqueue_trial(dict(params), user_attrs={**attrs, "enqueue_attrs": attrs})
+    study.enqueue_trial(dict(params), user_attrs={**attrs, "enqueue_attrs": attrs, R.A_REQUEUED: True})
 
 
 def recover_stale(study: optuna.Study) -> int:
@@ -187,7 +187,8 @@ def recover_stale(study: optuna.Study) -> int:
             st.set_trial_user_attr(t._trial_id, k, v)
         tell(study, t.number, verdict_for("interrupted"))
         if t.params:
-            study.enqueue_trial(dict(t.params), user_attrs=dict(t.user_attrs.get("enqueue_attrs") or {}))
+            attrs = dict(t.user_attrs.get("enqueue_attrs") or {})
+            study.enqueue_trial(dict(t.params), user_attrs={**attrs, "enqueue_attrs": attrs, R.A_REQUEUED: True})
         log.warning("trial %d was running when the driver stopped: marked failed (node_lost) and re-queued", t.number)
         n += 1
     return n
@@ -226,7 +227,7 @@ def verdict_for(status: str, *, failure_kind: str | None = None, metrics: Mappin
 
     Args:
         status: ``ok`` (measured), ``failed`` (the config's fault when ``failure_kind`` is
-            deterministic/transient), ``skipped`` (answered without GPU time: a violated
+            deterministic; a transient failure is told FAIL: not a dead end), ``skipped`` (answered without GPU time: a violated
             constraint, a failure rule, a degraded level), ``duplicate`` (of ``source``; a
             still-running source is None), or anything else (infra errors, interruptions:
             not the config's fault).
@@ -244,7 +245,8 @@ def verdict_for(status: str, *, failure_kind: str | None = None, metrics: Mappin
         return INFEASIBLE if degraded else Verdict(TrialState.COMPLETE, tuple(vals),
                                                    float(objectives.violation(metrics or {})))
     if status == "failed":
-        return INFEASIBLE if failure_kind in ("deterministic", "transient") else IGNORED
+        # a transient failure teaches nothing about the config: it stays proposable, never a dead end
+        return INFEASIBLE if failure_kind == "deterministic" else IGNORED
     if status == "skipped":
         return INFEASIBLE
     if status == "duplicate":

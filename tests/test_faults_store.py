@@ -101,8 +101,8 @@ def test_lock_past_the_retry_budget_stops_the_sweep_cleanly(tmp_path, short_busy
         with pytest.raises(StoreWriteError, match=r"trial 0.*locked for 1 s"):
             drv.loop()
     finally:
+        lockers[0].thread.join(10)  # the lease row can be deleted once the lock is gone
         drv.release()
-    lockers[0].thread.join(10)
     # nothing half-written: the trial has no record and no status (still RUNNING in storage)
     t0 = next(t for t in drv.study.get_trials(deepcopy=False) if t.number == 0)
     assert t0.state == TrialState.RUNNING and R.A_RECORD not in t0.user_attrs and R.A_STATUS not in t0.user_attrs
@@ -145,3 +145,23 @@ def test_busy_errors_are_recognised_through_wrappers():
     assert store_retry.retrying(flaky, "w", retry_s=10) == "done" and len(calls) == 3
     with pytest.raises(ValueError):
         store_retry.retrying(lambda: (_ for _ in ()).throw(ValueError("bad")), "w")
+
+
+def test_resume_runs_the_interrupted_baseline_first(tmp_path):
+    """A driver dies while its baseline runs (the trial stays RUNNING in storage, every seed is
+    still waiting): the resumed sweep's first launch is the baseline, even with a budget of one."""
+    spec = _spec(tmp_path / "s", trials=1)
+    dead = InProcessDriver(spec)
+    dead.setup()
+    trial, params = dead.ask()
+    assert trial.user_attrs.get(R.A_BASELINE) and trial.number == 0
+    waiting_before = [t.number for t in dead.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    assert waiting_before  # seeds enqueued after the baseline, ahead of any re-queue
+    dead.release()  # what a SIGKILL leaves: the lock and lease gone, trial 0 RUNNING
+    again = run_in_process(spec)
+    recs = R.load_records(again.study)
+    assert recs[0].status == "interrupted" and recs[0].failure_class == "node_lost"
+    ran = [r for r in recs if r.launched and r.status == "ok"]
+    assert len(ran) == 1 and ran[0].is_baseline and ran[0].params == params, ran
+    assert ran[0].metrics.get("speedup_vs_baseline") == 1.0
+    assert all(r.state != "RUNNING" for r in recs)
