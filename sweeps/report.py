@@ -6,12 +6,14 @@ objective's best, lowest for a latency). Plots (PNG via matplotlib, Agg backend;
 Optuna's interactive HTML where it exists):
 
 * ``optimization_history.png`` — objective per trial, best so far, the baseline, failures.
-* ``param_importances.png`` — Optuna's PED-ANOVA importances over completed trials.
+* ``param_importances.png`` — each knob's share of the variance (ANOVA main effects) over the launched trials
+  (:mod:`sweeps.importance`: sees categorical effects; skips and duplicates excluded).
 * ``toks_by_allreduce_speculation.png`` — the objective of every ok trial by allreduce
   backend, coloured by speculation; levels that failed are labelled with their failure class.
 * ``failures_by_class.png`` — launched failures and skips without GPU time, per class.
 * ``eagle_draft_acceptance.png`` — EAGLE draft tokens vs acceptance length vs the objective.
-* ``optimization_history.html``, ``param_importances.html`` — Optuna's plotly figures
+* ``optimization_history.html``, ``param_importances.html`` — plotly figures (Optuna's history; the
+  importances above)
   (plotly.js loaded from its CDN to keep the artifacts small).
 """
 
@@ -29,6 +31,7 @@ import optuna
 
 import sweeps.findings.measure as M
 from sweeps import records as R
+from sweeps.importance import importances_figure, importances_plotly
 from sweeps.objective import Objective
 
 log = logging.getLogger("servesweep.report")
@@ -101,26 +104,6 @@ def history_figure(recs: Sequence[R.TrialRecord], obj: Objective | None = None) 
     ax.set_title(f"optimization history: {obj.label}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    return fig
-
-
-def importances_figure(study: optuna.Study, obj: Objective | None = None) -> Any | None:
-    """Optuna's parameter importances for the objective Optuna was told, or None with too
-    few completed trials or a single-valued space."""
-    obj = obj or Objective()
-    try:  # the evaluator named explicitly so the axis label cannot drift from the method
-        imp = optuna.importance.get_param_importances(study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
-    except Exception as e:  # noqa: BLE001 - too few completed trials / a single-valued space
-        log.info("param importances unavailable: %s", e)
-        return None
-    if not imp:
-        return None
-    plt = _plt()
-    names = list(imp)[::-1]
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.2))
-    ax.barh(names, [imp[n] for n in names], color="#4c72b0")
-    ax.set_xlabel("importance (PED-ANOVA, completed trials)")
-    ax.set_title(f"parameter importances for {obj.label}")
     return fig
 
 
@@ -235,10 +218,11 @@ def eagle_figure(recs: Sequence[R.TrialRecord], obj: Objective | None = None) ->
     return fig
 
 
-def _optuna_html(study: optuna.Study, out: Path) -> list[Path]:
+def _optuna_html(study: optuna.Study, out: Path, recs: Sequence[R.TrialRecord] = (),
+                 obj: Objective | None = None) -> list[Path]:
     paths: list[Path] = []
     figs = [("optimization_history.html", lambda: optuna.visualization.plot_optimization_history(study)),
-            ("param_importances.html", lambda: optuna.visualization.plot_param_importances(study))]
+            ("param_importances.html", lambda: importances_plotly(recs, obj))]
     for name, make in figs:
         try:
             fig = make()
@@ -284,13 +268,13 @@ def write_plots(study: optuna.Study, out_dir: Path, allreduce_levels: list[Any] 
         allreduce_levels = next((list(d.choices) for t in study.get_trials(deepcopy=False)
                                  if (d := t.distributions.get("allreduce")) is not None), None)
     paths = [_save(history_figure(recs, obj), out_dir / "optimization_history.png")]
-    imp = importances_figure(study, obj)
+    imp = importances_figure(recs, obj)
     if imp is not None:
         paths.append(_save(imp, out_dir / "param_importances.png"))
     paths.append(_save(by_allreduce_figure(recs, allreduce_levels, obj), out_dir / "toks_by_allreduce_speculation.png"))
     paths.append(_save(failures_figure(recs), out_dir / "failures_by_class.png"))
     paths.append(_save(eagle_figure(recs, obj), out_dir / "eagle_draft_acceptance.png"))
-    paths += _optuna_html(study, out_dir)
+    paths += _optuna_html(study, out_dir, recs, obj)
     return paths
 
 

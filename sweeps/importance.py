@@ -1,0 +1,119 @@
+"""Which knobs move the objective: an ANOVA of main effects on the launched trials.
+
+Optuna's evaluators see every COMPLETE trial (a duplicate proposal carries its source's
+value, so a config measured once counts many times) and can miss a categorical whose effect
+sits in a few levels (PED-ANOVA's top quantile can hold a single level of ``speculative``:
+importance 0 for the largest effect). Here the *launched* ok trials only (each measured
+config once; skips, duplicates, infeasible proposals and silently degraded launches out)
+are fitted by least squares with every knob's levels as categories (one indicator per level
+but a reference one; intercept), and a knob's importance is the share of the objective's
+variance only it explains: the drop in R² when its indicators are removed,
+
+    importance_k = (RSS without k − RSS full) / SS_total
+
+(the Type-II sum of squares of a main-effects ANOVA, divided by the total). A large effect
+in one knob does not hide the others (each is measured given the rest), and a conditional
+knob (``eagle_*`` only with ``speculative=eagle3``) has indicators only where it is active,
+its shift over inactive trials absorbed by the knob that gates it. Shares of correlated
+knobs (sampled together) are what each explains beyond the others, so they may sum below R².
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sweeps import records as R
+from sweeps.objective import Objective
+
+METHOD = "ANOVA main effects (drop in R², categorical), launched trials"
+MIN_TRIALS = 3
+
+
+def launched_rows(records: Sequence[R.TrialRecord], obj: Objective) -> list[tuple[dict[str, Any], float]]:
+    """(params, objective value) of every launched, ok trial on the path it names."""
+    return [(r.params, v) for r in records
+            if r.launched and R.counts_for_level(r) and (v := R.value_of(r, obj)) is not None and math.isfinite(v)]
+
+
+def _columns(rows: Sequence[tuple[Mapping[str, Any], float]]) -> dict[str, list[list[float]]]:
+    """knob -> its indicator columns (one per level but the first seen; 0 where inactive)."""
+    cols: dict[str, list[list[float]]] = {}
+    for knob in dict.fromkeys(k for p, _ in rows for k in p):
+        levels = list(dict.fromkeys(str(p[knob]) for p, _ in rows if knob in p))
+        cols[knob] = [[1.0 if knob in p and str(p[knob]) == lv else 0.0 for p, _ in rows] for lv in levels[1:]]
+    return cols
+
+
+def _rss(y: Any, columns: list[list[float]]) -> float:
+    import numpy as np
+
+    x = np.column_stack([np.ones(len(y)), *columns]) if columns else np.ones((len(y), 1))
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    return float(((y - x @ coef) ** 2).sum())
+
+
+def anova_importances(rows: Sequence[tuple[Mapping[str, Any], float]]) -> dict[str, float]:
+    """knob -> its share of the objective's variance (0..1), largest first; {} with fewer
+    than :data:`MIN_TRIALS` rows or no spread.
+
+    Args:
+        rows: (params, objective value) per launched trial (:func:`launched_rows`).
+    """
+    import numpy as np
+
+    if len(rows) < MIN_TRIALS:
+        return {}
+    y = np.array([v for _, v in rows], dtype=float)
+    ss_total = float(((y - y.mean()) ** 2).sum())
+    if ss_total <= 1e-12 * max(1.0, float((y**2).sum())):
+        return {}
+    cols = _columns(rows)
+    full = _rss(y, [c for cs in cols.values() for c in cs])
+    out = {k: max(0.0, min(1.0, (_rss(y, [c for j, cs in cols.items() if j != k for c in cs]) - full) / ss_total))
+           for k in cols}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def importances(records: Sequence[R.TrialRecord], obj: Objective) -> dict[str, float]:
+    """:func:`anova_importances` of the launched trials' objective values."""
+    return anova_importances(launched_rows(records, obj))
+
+
+def importances_figure(records: Sequence[R.TrialRecord], obj: Objective | None = None) -> Any | None:
+    """Bar chart of :func:`importances` (matplotlib figure), or None when there is nothing to show."""
+    obj = obj or Objective()
+    imp = importances(records, obj)
+    if not imp:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(imp)[::-1]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.2))
+    ax.barh(names, [imp[n] for n in names], color="#4c72b0")
+    n = len(launched_rows(records, obj))
+    ax.set_xlabel(f"importance: {METHOD} (n={n})")
+    ax.set_title(f"parameter importances for {obj.label}")
+    return fig
+
+
+def importances_plotly(records: Sequence[R.TrialRecord], obj: Objective | None = None) -> Any:
+    """The same numbers as an interactive plotly bar chart (for ``param_importances.html``).
+
+    Raises:
+        ValueError: nothing to show (fewer than :data:`MIN_TRIALS` launched trials, no spread).
+    """
+    import plotly.graph_objects as go
+
+    obj = obj or Objective()
+    imp = importances(records, obj)
+    if not imp:
+        raise ValueError("too few launched trials with a spread of the objective")
+    names = list(imp)[::-1]
+    fig = go.Figure(go.Bar(x=[imp[k] for k in names], y=names, orientation="h"))
+    fig.update_layout(title=f"parameter importances for {obj.label}", xaxis_title=f"importance: {METHOD}")
+    return fig
