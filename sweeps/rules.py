@@ -337,6 +337,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     ls = sub.add_parser("list", parents=[common], help="list rules (tab-separated)")
     ls.add_argument("--class", dest="failure_class", default=None)
+    ls.add_argument("--node", default=None, help="shipped knowledge for conf/node/NODE.yaml only")
     for name, help_ in (("explain", "show one rule in full"), ("forget", "delete one rule")):
         sp = sub.add_parser(name, parents=[common], help=help_)
         sp.add_argument("id", type=int)
@@ -344,9 +345,12 @@ def main(argv: Iterable[str] | None = None) -> int:
     store = RuleStore(a.db_sub or a.db or DEFAULT_DB_URL)
     try:
         if a.cmd == "list":
+            from sweeps.rules_shipped import shipped_lines
+
             print("id\tclass\tkind\tmodel\tknobs\tevidence\thits\tfingerprint\tscope")
             for r in store.list(failure_class=a.failure_class):
                 print(_fmt_row(r))
+            print("\n" + "\n".join(shipped_lines(a.node)))  # apart: after a blank line
             return 0
         rule = store.get(a.id)
         if rule is None:

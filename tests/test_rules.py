@@ -258,7 +258,26 @@ def test_cli_list_explain_forget(tmp_path):
     assert out.returncode == 0 and "forgot rule" in out.stdout
     assert RuleStore(url).get(r.id) is None
     assert _cli("explain", str(r.id), url=url).returncode == 1
-    assert len(_cli("list", url=url).stdout.splitlines()) == 1  # header only
+    learned, shipped = _cli("list", url=url).stdout.split("\n\n", 1)
+    assert len(learned.splitlines()) == 1  # header only
+    assert shipped.startswith("# shipped (conf/knowledge)")
+
+
+def test_cli_list_shows_shipped_knowledge_for_a_node_apart(tmp_path):
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    out = _cli("list", "--node", "rtx_pro_6000x8", url=url)
+    assert out.returncode == 0, out.stderr
+    learned, shipped = out.stdout.split("\n\n", 1)
+    assert learned.splitlines() == ["id\tclass\tkind\tmodel\tknobs\tevidence\thits\tfingerprint\tscope"]
+    head, cols, *rows = shipped.splitlines()
+    assert head.startswith("# shipped (conf/knowledge) for node rtx_pro_6000x8 [") and "gpu_arch=sm_120" in head
+    ids = {r.split("\t")[0] for r in rows}
+    assert {"flashinfer_a2a_needs_nvlink", "nccl_algo_tree_no_allgather", "torch_symm_mem_table_sm12x"} <= ids
+    assert all(r.split("\t")[3].startswith("https://") for r in rows)  # each with its public source
+    # the upgraded stack (FlashInfer 0.7.2) is past the FlashInfer JIT fix: that entry no longer applies
+    up = _cli("list", "--node", "rtx_pro_6000x8_upgraded", url=url).stdout.split("\n\n", 1)[1]
+    up_ids = {r.split("\t")[0] for r in up.splitlines()[2:]}
+    assert "flashinfer_fusion_jit_gate_sm12x" in ids and "flashinfer_fusion_jit_gate_sm12x" not in up_ids
 
 
 def test_learn_merges_into_a_rule_another_process_inserted_first(store, monkeypatch):
