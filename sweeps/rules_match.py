@@ -25,7 +25,7 @@ DEFAULT_KNOBS_PATH = REPO / "conf" / "failure_knobs.yaml"
 #: Fingerprint keys that identify the software/hardware stack; other keys (hostname, node id,
 #: errors) do not change the hash.
 FINGERPRINT_KEYS = ("gpu_arch", "compute_capability", "gpu_name", "driver", "cuda", "nccl", "torch", "sglang",
-                    "flashinfer")
+                    "vllm", "flashinfer")
 _FULL = "*"
 _MODEL = "model"
 _DEFAULTS = ("default", "none", "null", "")

@@ -41,6 +41,7 @@ HASH_KEYS: tuple[str, ...] = (
     "nccl",
     "torch",
     "sglang",
+    "vllm",
     "flashinfer",
 )
 
