@@ -30,6 +30,7 @@ from sweeps.queue_order import pop_priority
 from sweeps.record_io import write_outcome
 from sweeps.space import SearchSpace
 from sweeps.stores import prepare as prepare_stores
+from sweeps.untried import EXHAUSTED, redirect
 from tasks.backends import get_backend
 from tasks.types import TrialResult, TrialSpec
 
@@ -170,8 +171,10 @@ class Driver:
         elif self.asks >= b.max_asks:
             reason = f"max_asks reached ({b.max_asks})"
         elif self.consecutive_skips >= b.max_consecutive_skips:
-            reason = (f"{self.consecutive_skips} consecutive proposals were skips or duplicates: "
-                      f"the space looks exhausted")
+            # a safety net: every skip enqueues an untried config, so skips in a row mean the
+            # gates keep refusing what the draw offers
+            reason = (f"{self.consecutive_skips} consecutive proposals were answered without a launch "
+                      f"(max_consecutive_skips)")
         else:
             reason = None
         self.stop_reason = self.stop_reason or reason
@@ -241,6 +244,8 @@ class Driver:
         write_outcome(trial, skip.attrs, f"trial {trial.number}")
         S.tell(self.study, trial, S.verdict_for(skip.status, source=skip.source))
         self._pending_flush = True
+        if self.gated and not redirect(self):  # launch an untried feasible config instead
+            self.stop_reason = self.stop_reason or EXHAUSTED
 
     def _launch(self, trial: optuna.trial.Trial, params: dict[str, Any]) -> None:
         """Render a config's launch and submit it (an unrenderable config is told infeasible)."""

@@ -1,0 +1,133 @@
+"""Every proposal is a config not yet measured.
+
+When the sampler proposes a finished config or a known dead end, the driver answers it
+without GPU time (Optuna is told, so the sampler learns) and then launches an UNTRIED
+FEASIBLE config drawn here instead, as an enqueued (fixed) trial. The draw walks the space
+in a seeded random order: a finite space is enumerated once (:meth:`SearchSpace.enumerate`,
+constraints applied) and shuffled; a space with a continuous float, or one larger than
+:data:`ENUMERATE_LIMIT`, is rejection-sampled (:data:`SAMPLE_DRAWS` draws). A candidate
+must not be taken (finished, running or queued), must not hit a learned rule on this node
+or a silently degraded allreduce level. "Exhausted" means nothing untried and feasible is left.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from sweeps import gates
+from sweeps import records as R
+from sweeps.space import SearchSpace
+
+#: enumerate a finite space up to this many feasible configs (the campaign space: ~37k, 0.7 s once)
+ENUMERATE_LIMIT = 200_000
+#: random draws before a space that cannot be enumerated is declared exhausted
+SAMPLE_DRAWS = 5_000
+#: the attribute marking a trial launched in place of a repeated proposal
+A_UNTRIED = "untried_draw"
+EXHAUSTED = "the space is exhausted: no untried feasible config is left"
+#: statuses whose config is measured or a known dead end (as the duplicate gate counts them)
+TAKEN_STATUSES = ("ok", "failed", "skipped", "infeasible")
+
+
+def taken_keys(study: optuna.Study, running: list[Mapping[str, Any]]) -> set[str]:
+    """Config keys not to propose again: finished trials measured or known dead (ok, failed,
+    skipped, infeasible; not an infra error), configs in flight (``running``) and queued trials."""
+    keys = {R.config_key(dict(p)) for p in running}
+    for r in R.load_records(study):
+        if r.status in TAKEN_STATUSES and r.state not in ("RUNNING", "WAITING"):
+            keys.add(R.config_key(r.params))
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        keys.add(R.config_key(dict(t.system_attrs.get("fixed_params") or t.params)))
+    return keys
+
+
+def _random_config(space: SearchSpace, rng: random.Random) -> dict[str, Any]:
+    cfg: dict[str, Any] = {}
+    for p in space.params:
+        if not p.active(cfg):
+            continue
+        if p.type == "categorical" or (p.type == "float" and p.step):
+            cfg[p.name] = rng.choice(p.levels())
+        elif p.type == "int":
+            cfg[p.name] = rng.choice(p.levels())
+        else:
+            cfg[p.name] = rng.uniform(p.low, p.high)  # type: ignore[arg-type]
+    return cfg
+
+
+class UntriedDraw:
+    """Seeded draws of untried feasible configs from one space (the enumeration is cached).
+
+    Args:
+        space: the sweep's space.  seed: RNG seed (``sweep.sampler.seed``): the same sweep draws the same order.
+    """
+
+    def __init__(self, space: SearchSpace, seed: int | None):
+        self.space = space
+        self.rng = random.Random(seed)
+        self._order: list[dict[str, Any]] | None = None
+        self.exact = all(p.type != "float" or p.step for p in space.params)
+
+    def _candidates(self) -> Iterator[dict[str, Any]]:
+        if self.exact and self._order is None:
+            order = list(self.space.enumerate(limit=ENUMERATE_LIMIT + 1))
+            if len(order) > ENUMERATE_LIMIT:
+                self.exact = False
+            else:
+                self.rng.shuffle(order)
+                self._order = order
+        if self._order is not None:
+            yield from self._order
+            return
+        for _ in range(SAMPLE_DRAWS):
+            cfg = _random_config(self.space, self.rng)
+            if not self.space.violated(cfg):
+                yield cfg
+
+    def draw(self, taken: set[str], allowed: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        """The first candidate not in ``taken`` that ``allowed`` accepts; None when none is left
+        (exhaustive for an enumerated space, after :data:`SAMPLE_DRAWS` draws otherwise)."""
+        for cfg in self._candidates():
+            if R.config_key(cfg) not in taken and allowed(cfg):
+                return dict(cfg)
+        return None
+
+
+def allowed_by_knowledge(driver: Any) -> Callable[[dict[str, Any]], bool]:
+    """A check that a config hits no learned rule on the driver's node (no hit is recorded)
+    and no allreduce level this study saw silently degraded (:func:`sweeps.gates.degraded`)."""
+    recs = R.load_records(driver.study)
+    fp = driver.fingerprint
+    rules = driver.rules.rules_for_fingerprint(fp) if fp else []
+    fp_hash = None
+    if rules:
+        from sweeps.rules_match import fingerprint_hash
+
+        fp_hash = fingerprint_hash(fp)
+    model, sweep = driver.spec.model.name, driver.study_name
+
+    def ok(cfg: dict[str, Any]) -> bool:
+        if gates.degraded(recs, cfg) is not None:
+            return False
+        return not any(r.applies_to(fp_hash, model, cfg, sweep) for r in rules)
+    return ok
+
+
+def redirect(driver: Any) -> bool:
+    """Enqueue an untried feasible config in place of a proposal that was answered without a
+    launch (the next ask returns it). False when the space is exhausted."""
+    drawer = getattr(driver, "_untried", None)
+    if drawer is None:
+        drawer = driver._untried = UntriedDraw(driver.space, driver.spec.sweep.sampler.seed)
+    running = [f.params for f in driver.inflight.values()]
+    cfg = drawer.draw(taken_keys(driver.study, running), allowed_by_knowledge(driver))
+    if cfg is None:
+        return False
+    attrs = {A_UNTRIED: True}
+    driver.study.enqueue_trial(cfg, user_attrs={**attrs, "enqueue_attrs": attrs})
+    return True

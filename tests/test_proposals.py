@@ -1,0 +1,90 @@
+"""Every proposal is a config not yet measured; the budget means launches.
+
+When the sampler repeats a finished config or proposes a known dead end, the driver tells
+Optuna (it learns) and launches an untried feasible config drawn by :mod:`sweeps.untried`;
+"exhausted" means nothing untried and feasible is left.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from sweeps import records as R
+from sweeps.config import load_spec
+from sweeps.inprocess import run_in_process
+from sweeps.space import parse_space
+from sweeps.untried import A_UNTRIED, EXHAUSTED, UntriedDraw
+from tests.conftest import compose_cfg
+
+
+def _spec(tmp_path, *extra):
+    store = tmp_path / "store"
+    return load_spec(compose_cfg(["backend=instant", *extra, "sweep.budget.wall_time_s=null", "sweep.confirm.top_k=0",
+                                  f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]))
+
+
+def test_budget_of_60_launches_60_distinct_configs_on_the_campaign_space(tmp_path):
+    drv = run_in_process(_spec(tmp_path, "sweep=eagle3_allreduce", "sweep.budget.trials=60"))
+    recs = R.load_records(drv.study)
+    launched = [r for r in recs if r.launched]
+    assert drv.stop_reason == "trial budget spent (60 launched)"
+    assert len(launched) == 60
+    keys = Counter(R.config_key(r.params) for r in launched)
+    assert len(keys) == 60, [k for k, n in keys.items() if n > 1]
+    # the sampler did repeat itself / propose dead ends: those were answered and replaced
+    skipped = [r for r in recs if not r.launched]
+    assert skipped, "the campaign's TPE never proposed a finished config or a dead end (test proves nothing)"
+    drawn = [t for t in drv.study.trials if t.user_attrs.get(A_UNTRIED)]
+    assert drawn and all(R.record_from_trial(t).launched for t in drawn if t.state.is_finished())
+    # a drawn config is never one already measured before it
+    seen: set[str] = set()
+    for r in sorted(recs, key=lambda r: r.number):
+        if r.launched:
+            assert R.config_key(r.params) not in seen, r.number
+        if r.status in ("ok", "failed"):
+            seen.add(R.config_key(r.params))
+
+
+def test_exhausted_means_nothing_untried_and_feasible_is_left(tmp_path):
+    # smoke: 3 allreduce levels x 3 graph sizes; flashinfer_fusion fails on SM120 (a rule then
+    # refuses its other sizes) and custom silently degrades to NCCL (its other sizes are skipped)
+    drv = run_in_process(_spec(tmp_path, "sweep=smoke", "sweep.budget.trials=20", "sweep.budget.max_asks=500"))
+    recs = R.load_records(drv.study)
+    launched = [r for r in recs if r.launched]
+    assert drv.stop_reason == EXHAUSTED
+    assert len({R.config_key(r.params) for r in launched}) == len(launched) == 5
+    assert {r.params["cuda_graph_max_bs"] for r in launched if r.params["allreduce"] == "nccl"} == {64, 128, 512}
+
+
+def test_draw_walks_a_finite_space_once_then_reports_exhaustion():
+    space = parse_space({"a": {"type": "categorical", "choices": [1, 2, 3]}, "b": {"type": "int", "low": 0, "high": 3}},
+                        [{"name": "no_3_3", "expr": "not (a == 3 and b == 3)"}])
+    d = UntriedDraw(space, seed=1)
+    taken: set[str] = set()
+    got = []
+    while (cfg := d.draw(taken, lambda c: c["b"] != 0)) is not None:
+        got.append(cfg)
+        taken.add(R.config_key(cfg))
+    assert len(got) == 3 * 3 - 1  # b=0 refused, (3, 3) infeasible
+    assert len({R.config_key(c) for c in got}) == len(got)
+    assert UntriedDraw(space, seed=1).draw(set(), lambda c: True) == UntriedDraw(space, seed=1).draw(set(), lambda c: True)
+
+
+def test_draw_rejection_samples_a_continuous_space():
+    space = parse_space({"x": {"type": "float", "low": 0.0, "high": 1.0}, "k": {"type": "categorical", "choices": ["a"]}},
+                        [{"name": "upper", "expr": "x > 0.5"}])
+    d = UntriedDraw(space, seed=0)
+    cfg = d.draw(set(), lambda c: True)
+    assert cfg is not None and cfg["x"] > 0.5 and not d.exact
+    assert UntriedDraw(space, seed=0).draw(set(), lambda c: False) is None
+
+
+@pytest.mark.parametrize("cap", [3])
+def test_max_consecutive_skips_is_a_safety_net_not_the_exhaustion_test(tmp_path, cap):
+    """With redirection a skip is followed by a launch, so skips in a row stay below the cap on a
+    space with untried configs left: the budget, not the cap, ends the sweep."""
+    drv = run_in_process(_spec(tmp_path, "sweep=eagle3_allreduce", "sweep.budget.trials=25",
+                               f"sweep.budget.max_consecutive_skips={cap}"))
+    assert drv.stop_reason == "trial budget spent (25 launched)"
