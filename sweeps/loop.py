@@ -27,7 +27,7 @@ from sweeps.executor import Executor, RayExecutor, collect, retry_reason
 from sweeps.preflight import check_launcher, emulator_profile, ensure_writable
 from sweeps.publish import Publisher, guard
 from sweeps.queue_order import pop_priority
-from sweeps.record_io import write_outcome
+from sweeps.record_io import interrupted_result, write_outcome
 from sweeps.space import SearchSpace
 from sweeps.stores import prepare as prepare_stores
 from sweeps.untried import EXHAUSTED, redirect
@@ -36,13 +36,6 @@ from tasks.types import TrialResult, TrialSpec
 
 log = logging.getLogger("servesweep")
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _interrupted(phase: str | None = None) -> TrialResult:
-    """An interrupted trial, in the phase its task reached (unknown: ``startup``, since a
-    trial the driver never heard back from cannot be shown to have passed readiness)."""
-    return TrialResult(status="interrupted", failure_class=None, phase=phase or "startup",
-                       failure_signature="sweep interrupted (SIGINT)")
 
 
 @dataclass
@@ -207,8 +200,7 @@ class Driver:
                 break
 
     def ask(self) -> tuple[optuna.trial.Trial, dict[str, Any]] | None:
-        """The next proposal (a waiting baseline or re-queued trial first, then the other
-        enqueued ones, then the sampler's); None = none left."""
+        """The next proposal (a waiting baseline or re-queued trial, other enqueued ones, the sampler's)."""
         trial = pop_priority(self.study) or self.study.ask()
         return trial, self.space.sample(trial)
 
@@ -366,13 +358,13 @@ class Driver:
             for ref in self.executor.wait(list(self.inflight), timeout=1.0):
                 f = self.inflight.pop(ref)
                 got = collect(self.executor, ref)
-                res = got if got.status == "ok" else _interrupted(got.phase)
+                res = got if got.status == "ok" else interrupted_result(got.phase)
                 self._record(f, res)
                 if res.status == "interrupted":
                     self._requeue(f)
         for ref, f in list(self.inflight.items()):
             self.inflight.pop(ref)
-            self._record(f, _interrupted())
+            self._record(f, interrupted_result())
             self._requeue(f)
 
     def _requeue(self, f: InFlight) -> None:

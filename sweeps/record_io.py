@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sweeps import records as R
 from sweeps.store_retry import retrying
+from tasks.types import TrialResult
 
 #: attributes other code filters on without building a record (gates, tests, recheck)
 DERIVED = (R.A_STATUS, R.A_DUPLICATE_OF, R.A_SKIPPED_BY_RULE)
@@ -67,3 +68,10 @@ def write_outcome(trial: Any, attrs: Mapping[str, Any], what: str) -> OutcomeRec
         if body.get(k) is not None:
             retrying(lambda k=k: trial.set_user_attr(k, body[k]), f"store {k} of {what}")
     return rec
+
+
+def interrupted_result(phase: str | None = None) -> TrialResult:
+    """An interrupted trial's result, in the phase its task reached; unknown means ``startup``
+    (the driver cannot show that a trial it never heard back from passed readiness)."""
+    return TrialResult(status="interrupted", failure_class=None, phase=phase or "startup",
+                       failure_signature="sweep interrupted (SIGINT)")
