@@ -65,7 +65,7 @@ def duplicate(study: optuna.Study, number: int, key: str, running: Iterable[tupl
     src = next((t for t in study.get_trials(deepcopy=False) if t.number == dup), None)
     attrs: dict[str, Any] = {R.A_STATUS: "skipped", R.A_DUPLICATE_OF: dup}
     copy: tuple[str, ...] = ()
-    if src is not None and src.state == TrialState.COMPLETE and src.value is not None:
+    if src is not None and src.state == TrialState.COMPLETE and src.values is not None:  # .value: single-objective only
         copy = (R.A_METRICS,)
     elif src is not None and src.state == TrialState.PRUNED:
         copy = (R.A_FAILURE_CLASS, R.A_FAILURE_KIND, R.A_SIGNATURE)
