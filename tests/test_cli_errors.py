@@ -1,0 +1,65 @@
+"""The command line's config mistakes get one clear line and exit code 2: "did you mean" for a
+typo'd key or option (never Hydra's "use +key", which would add the typo), file:line:column
+for YAML that does not parse (no traceback)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from sweeps.cli_errors import closest, precheck
+from tests.conftest import REPO
+
+CONF = REPO / "conf"
+
+
+def _run(cwd, *args):
+    return subprocess.run([sys.executable, str(cwd / "run_sweep.py"), *args], capture_output=True, text=True,
+                          timeout=120, cwd=str(cwd), env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.parametrize("override,suggestion", [
+    ("sweep.budgt.trials=3", "did you mean sweep.budget.trials=3?"),
+    ("sweep.budget.trails=3", "did you mean sweep.budget.trials=3?"),
+    ("dryrun=true", "did you mean dry_run=true?"),
+    ("sweep=smok", "did you mean sweep=smoke?"),
+])
+def test_precheck_suggests_the_closest_declared_key(override, suggestion):
+    msg = precheck(CONF, ["sweep=smoke", override] if not override.startswith("sweep=") else [override])
+    assert msg is not None and suggestion in msg, msg
+    assert "+" not in msg.split("did you mean")[1]  # never the advice to append the typo
+
+
+def test_precheck_passes_a_valid_command_line():
+    assert precheck(CONF, ["sweep=smoke", "sweep.budget.trials=3", "backend=instant"]) is None
+
+
+def test_typo_exits_2_with_one_line():
+    r = _run(REPO, "sweep=smoke", "sweep.budgt.trials=3", "dry_run=true")
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert lines == ["servesweep: unknown config key 'sweep.budgt.trials': did you mean sweep.budget.trials=3? "
+                     "(nothing was started)"], r.stderr
+    assert "use +" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_malformed_yaml_is_one_line_with_file_line_column(tmp_path):
+    shutil.copy(REPO / "run_sweep.py", tmp_path / "run_sweep.py")
+    shutil.copytree(CONF, tmp_path / "conf")
+    bad = tmp_path / "conf" / "sweep" / "smoke.yaml"
+    bad.write_text("name: smoke\nparams: {a: [1, 2\nfoo: bar\n")
+    r = _run(tmp_path, "sweep=smoke", "dry_run=true")
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, r.stderr
+    assert f"{bad}:3:4: expected ',' or ']', but got ':'" in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_closest_has_a_cutoff():
+    assert closest("sweep.budgt", ["sweep.budget", "tracking.uri"]) == "sweep.budget"
+    assert closest("zzzz", ["sweep.budget", "tracking.uri"]) is None
