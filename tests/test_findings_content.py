@@ -89,6 +89,7 @@ def test_one_consistent_best_quotes_confirmed_means(tmp_path):
 def test_without_confirmation_values_are_single_measurements(tmp_path):
     text, data = render_section(ctx(tmp_path, conf=None), sweep())
     assert "**t1: 91.6 tok/s**" in text and "not yet confirmed with repeats" in text
+    assert "(emulated " not in text and "emulated node" not in text  # a real backend's numbers carry no emulated label
     assert "(measured in this sweep, t0; single measurement)" in text
     assert "82.5 -> 91.6 tok/s (1.11x; single measurement)" in text
     assert data["baselines"][-1]["confirmed_runs"] == 0
@@ -103,7 +104,9 @@ def test_drift_line_says_how_each_baseline_was_measured(tmp_path):
 
 
 def test_every_level_that_ran_and_lost_has_a_line_with_margin_and_reason(tmp_path):
-    text, _ = render_section(ctx(tmp_path), sweep())
+    eagle_only = rec(6, 50.0, accept=2.0, speculative="eagle3", cuda_graph_max_bs=256, eagle_num_steps=3,
+                     eagle_topk=1, eagle_num_draft_tokens=4)
+    text, _ = render_section(ctx(tmp_path), [*sweep(), eagle_only])
     sec = text.split("### What ran and lost")[1].split("\n### ")[0]
     simple = next(line for line in sec.splitlines() if line.startswith("- `nccl_proto=Simple`"))
     assert "best 55.0 tok/s (t3, single measurement) = 0.61× the best (-34.9 tok/s), 0.67× the baseline (-27.0 tok/s)" in simple
@@ -114,6 +117,10 @@ def test_every_level_that_ran_and_lost_has_a_line_with_margin_and_reason(tmp_pat
     g128 = next(line for line in sec.splitlines() if line.startswith("- `cuda_graph_max_bs=128`"))
     assert "t1, confirmed mean of 3 fresh runs" in g128
     assert not any(line.startswith("- `nccl_proto=LL`") for line in sec.splitlines())  # the winner's level
+    g256 = next(line for line in sec.splitlines() if line.startswith("- `cuda_graph_max_bs=256`"))
+    assert "ran only with speculative=eagle3: the gap is mostly speculative's" in g256
+    spec = next(line for line in sec.splitlines() if line.startswith("- `speculative=eagle3`"))
+    assert "ran only with" not in spec and "best 50.0 tok/s (t6, single measurement)" in spec
 
 
 def test_decisive_line_is_verbatim_not_normalized(tmp_path):
@@ -165,6 +172,7 @@ def test_untried_levels_in_next_steps_and_emulated_label_and_deploy_command(tmp_
     assert "tasks.emulator" not in deploy and "/venv/" not in deploy
     assert "What the sweep launched (emulated 8×RTX PRO 6000 Blackwell node): `/venv/bin/python" in best
     assert "GPU-hours on the emulated node (modelled, no real GPU time)" in text
+    assert "Every measurement below is the emulated 8×RTX PRO 6000 Blackwell node's" in text
     assert read_data_block(text)["sweeps"][-1]["best_trial"] == 1
 
 

@@ -57,6 +57,7 @@ class Context:
     emulated: bool = False
     plots_dir: Path | None = None
     findings_path: Path | None = None
+    objectives: Any = None  # the sweep's ObjectiveSet (several objectives: the Pareto front)
 
     def __post_init__(self) -> None:
         if isinstance(self.objective, str):
@@ -64,10 +65,12 @@ class Context:
 
     def where(self) -> str:
         """`` (emulated 8× RTX PRO 6000 node)`` when the numbers are the emulated node's, else ''."""
-        if not self.emulated:
-            return ""
+        return f" (emulated {self.node_label()})" if self.emulated else ""
+
+    def node_label(self) -> str:
+        """``8×RTX PRO 6000 Blackwell node`` (the node config's GPU count and name)."""
         gpu = str(self.node.get("gpu_name", "GPU")).replace("NVIDIA ", "").replace(" Server Edition", "")
-        return f" (emulated {self.node.get('gpus', '?')}×{gpu} node)"
+        return f"{self.node.get('gpus', '?')}×{gpu} node"
 
     def deploy_command(self, params: Mapping[str, Any], recorded: str) -> tuple[str, str]:
         """(the command to deploy ``params`` on the target node with the real engine, what it is).
@@ -83,7 +86,8 @@ class Context:
             return cmd, f"the real engine on `{self.node.get('name', 'the target node')}`"
         except Exception as e:  # noqa: BLE001 - fallback: the recorded launch command, marked as such
             log.info("findings: no deployable command (%s); showing the recorded launch command", e)
-            return recorded or "(launch command not recorded)", f"recorded launch command (not deployable: {e})"
+            return (recorded or "(launch command not recorded)",
+                    f"FALLBACK: the recorded launch command; no deployable render: {e}")
 
 
 def fp_hash(fp: Mapping[str, Any]) -> str:
@@ -129,6 +133,7 @@ def context_from_spec(spec: Any, study_name: str, fingerprint: Mapping[str, str]
         now=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
         backend_cfg=spec.backend.model_dump(), emulated=_emulated(spec.backend.kind),
         plots_dir=Path(spec.store_dir) / "reports" / study_name, findings_path=Path(spec.findings_path),
+        objectives=getattr(spec, "objective_set", None),
     )
 
 

@@ -64,9 +64,10 @@ def degraded_lines(recs: Sequence[R.TrialRecord], obj: Objective | None = None) 
         skipped = sum(1 for r in recs if r.status == "skipped" and r.failure_class == R.DEGRADED
                       and r.params.get("allreduce") == level)
         line = next((x for x in (degraded_line(r) for r in rs) if x), None)
-        measured = M.value_text(M.best_value([M.value_of(r, obj) for r in rs], obj), obj)
+        bv = M.best_value([M.value_of(r, obj) for r in rs], obj)
+        measured = f"; measured {M.value_text(bv, obj)} is NCCL's" if bv is not None else ""
         out.append(f"- **allreduce={level} is not what runs** ({R.DEGRADED}): the server silently fell back to NCCL "
-                   f"({trials(r.number for r in rs)}; measured {measured} is NCCL's, "
+                   f"({trials(r.number for r in rs)}{measured}, "
                    f"never credited to {level})" + (f"; {skipped} later proposal(s) skipped" if skipped else ""))
         if line:
             out.append(f"  - decisive line (verbatim): {code(line)}")

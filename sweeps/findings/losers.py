@@ -26,6 +26,7 @@ from sweeps.findings.text import code, fmt, trials
 from sweeps.objective import Objective
 
 MAX_LEVELS = 60  # lines listed (a space of many knobs); the rest are counted
+GATE = "speculative"  # levels are compared within the best's decoding mode where they ran in it
 
 
 def _knobs(ctx: Context, recs: Sequence[R.TrialRecord]) -> list[tuple[str, dict[str, list[Any]]]]:
@@ -101,10 +102,24 @@ def _matched(top: R.TrialRecord, ref: R.TrialRecord | None, knob: str) -> str:
     return " (same config otherwise: a matched comparison)" if diff == [knob] else ""
 
 
+def _same_mode(runs: Sequence[R.TrialRecord], ref: R.TrialRecord | None, knob: str
+               ) -> tuple[list[R.TrialRecord], str]:
+    """(the runs in the reference's decoding mode (``speculative``), a note when there are
+    none): a level that only ran with speculation lost what speculation lost."""
+    mode = ref.params.get(GATE) if ref is not None else None
+    if knob == GATE or mode is None:
+        return list(runs), ""
+    same = [r for r in runs if r.params.get(GATE) == mode]
+    others = sorted({str(r.params.get(GATE)) for r in runs} - {str(mode)})
+    return same, (f" — ran only with {GATE}={'/'.join(others)}: the gap is mostly {GATE}'s (see its line)"
+                  if not same and others else "")
+
+
 def _level_line(ctx: Context, knob: str, level: Any, runs: Sequence[R.TrialRecord], ref_m: Measured,
                 ref: R.TrialRecord | None, base: float | None, base_ms: float | None, scope: str) -> str:
     obj, conf = ctx.objective, ctx.confirmation
-    top = best_of(runs, conf, obj)
+    same, note = _same_mode(runs, ref, knob)
+    top = best_of(same, conf, obj) or best_of(runs, conf, obj)
     head = f"- `{knob}={level}`"
     if top is None:
         txt = f"{head}: no credited result in {trials(r.number for r in runs)}"
@@ -115,7 +130,7 @@ def _level_line(ctx: Context, knob: str, level: Any, runs: Sequence[R.TrialRecor
         noise = (" — within run-to-run noise (±3 %) of the best: not a clear loss"
                  if ref_m.value and M.ratio(v, ref_m.value, obj) > 1 - DRIFT_THRESHOLD else "")
         txt = (f"{head}: best {M.value_text(v, obj)} (t{top.number}, {m.how()}) = " + ", ".join(vs)
-               + _matched(top, ref, knob) + noise)
+               + _matched(top, ref, knob) + noise + (note if top not in same else ""))
     why = _reasons(ctx.mapping, knob, level, runs, top, ref, base_ms)
     return txt + (". Why: " + "; ".join(why) if why else "")
 

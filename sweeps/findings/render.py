@@ -15,6 +15,7 @@ from sweeps.findings.context import Context
 from sweeps.findings.dead_ends import dead_ends_section
 from sweeps.findings.document import BEGIN, END, HEADER, data_line
 from sweeps.findings.groups import build_groups
+from sweeps.findings.load import load_section
 from sweeps.findings.losers import losers_section
 from sweeps.findings.next_steps import next_steps_section
 from sweeps.findings.sections import (
@@ -82,12 +83,16 @@ def render_section(ctx: Context, records: Sequence[R.TrialRecord],
     if ctx.description:
         L += [f"_{ctx.description.strip()}_", ""]
     L += [counts_line(ctx, recs), "", M.describe(obj), ""]
+    if ctx.emulated:
+        L += [f"Every measurement below is the emulated {ctx.node_label()}'s: "
+              "the emulator's performance model, not a real node; the deployable command is for the real one.", ""]
     L += environment_section(ctx)
     L += baseline_section(ctx, recs, base, cur_entry, hist)
     L += best_section(best, base, conf, winner_entry, obj, ctx)
     L += approaches_section(gk, groups, base, obj, conf)
     L += losers_section(ctx, recs, best, base)
     L += break_even_section(recs, conf, obj)
+    L += load_section(ctx, recs)
     L += dead_ends_section(ctx, recs, base)
     L += untried_section(ctx, recs, groups, gk)
     L += next_steps_section(ctx, recs, groups, gk)
