@@ -33,6 +33,7 @@ import httpx
 import psutil
 from filelock import FileLock, Timeout
 
+from tasks.proc_marker import MARKER_ENV, marked, new_marker
 from tasks.types import Timeouts
 
 PORT_LOCK_DIR = Path(tempfile.gettempdir()) / "servesweep-ports"
@@ -122,6 +123,7 @@ class ServerProcess:
     t_launch: float = field(default_factory=time.monotonic)
     t_healthy: float | None = None
     seen: dict[int, float] = field(default_factory=dict)  # pid -> create_time
+    marker: str | None = None  # SERVESWEEP_TRIAL value of this launch (tasks.proc_marker)
 
     def snapshot_tree(self) -> None:
         """Remember every live process of the server's tree (pid + create time)."""
@@ -138,6 +140,9 @@ class ServerProcess:
                 with contextlib.suppress(psutil.Error, ProcessLookupError):
                     if os.getpgid(p.pid) == pgid:
                         self.seen.setdefault(p.pid, p.create_time())
+        for p in marked(self.marker) if self.marker else ():  # detached helpers (setsid, double fork)
+            with contextlib.suppress(psutil.Error):
+                self.seen.setdefault(p.pid, p.create_time())
 
     def alive_pids(self) -> list[int]:
         """Pids from :attr:`seen` that are still the same running process (not reused, not zombie)."""
@@ -229,6 +234,7 @@ class ServerProcess:
                 )
         self._signal_all(signal.SIGTERM)
         if not self._wait_gone(self.timeouts.term_grace_s):
+            self.snapshot_tree()  # anything forked while it was shutting down
             self._signal_all(signal.SIGKILL)
             self._wait_gone(5.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -283,8 +289,9 @@ def launch(
     if not argv or shutil.which(argv[0]) is None:
         raise LifecycleError(f"launcher not found: {argv[0] if argv else '<empty argv>'!r} is not an executable on PATH",
                              "startup", "cli_arg_error")
+    marker = new_marker(log_path.parent)
     full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "SERVESWEEP_PARENT_PID": str(os.getpid()),
-                "SERVESWEEP_REAPER": "1"}
+                "SERVESWEEP_REAPER": "1", MARKER_ENV: marker}
     cmd = list(argv)
     if pdeathsig and sys.platform.startswith("linux"):
         cmd = [sys.executable, "-m", "tasks.pdeathsig", "--", *cmd]
@@ -299,7 +306,7 @@ def launch(
     finally:
         log.close()
     srv = ServerProcess(proc=proc, log_path=log_path, base_url=base_url, timeouts=timeouts, container_name=container_name,
-                        health_path=health_path)
+                        health_path=health_path, marker=marker)
     srv.snapshot_tree()
     return srv
 

@@ -9,12 +9,16 @@ import psutil
 
 def trial_processes(marker: str | Path) -> list[psutil.Process]:
     """Live (non-zombie) processes whose ``SERVESWEEP_EMULATOR_PROFILE`` names a path under
-    ``marker``: the emulated servers of a test's store/trial dir and the TP ranks they
-    spawned (children inherit the environment), wherever they were reparented."""
+    ``marker``, or whose ``SERVESWEEP_TRIAL`` (set by ``tasks.server.launch``: the trial dir
+    + a nonce) does: the servers of a test's store/trial dir, the TP ranks they spawned and
+    helpers that left the tree and session (the environment is inherited), wherever they
+    were reparented."""
     out = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if str(marker) in p.environ().get("SERVESWEEP_EMULATOR_PROFILE", "") and p.status() != psutil.STATUS_ZOMBIE:
+            env = p.environ()
+            hit = str(marker) in env.get("SERVESWEEP_EMULATOR_PROFILE", "") or str(marker) in env.get("SERVESWEEP_TRIAL", "")
+            if hit and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
         except psutil.Error:
             continue

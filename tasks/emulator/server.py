@@ -106,6 +106,8 @@ class EmulatedServer:
                 argv.append("--ignore-sigterm")
             self.children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                   stderr=subprocess.DEVNULL, env=env, cwd=REPO_ROOT))
+        if self.fault == "detach_helper":  # a helper that setsid()s and double-forks out of the tree
+            subprocess.run([sys.executable, "-m", "tasks.emulator.detach"], env=env, cwd=REPO_ROOT, check=False)
 
     def kill_children(self, sig: int = signal.SIGKILL) -> None:
         """Signal every rank child and reap it (SIGKILL after 2 s)."""
