@@ -6,16 +6,17 @@ sits in a few levels (PED-ANOVA's top quantile can hold a single level of ``spec
 importance 0 for the largest effect). Here the *launched* ok trials only (each measured
 config once; skips, duplicates, infeasible proposals and silently degraded launches out)
 are fitted by least squares with every knob's levels as categories (one indicator per level
-but a reference one; intercept), and a knob's importance is the share of the objective's
-variance only it explains: the drop in R² when its indicators are removed,
+but a reference one; intercept). Knobs enter one at a time, each step taking the knob that
+raises the adjusted R² most (forward selection; the adjustment charges a knob its levels, so
+of two knobs that single out the same trials the one with fewer levels explains them), and a
+knob's importance is the R² it added (sequential, "Type I", sums of squares over the total):
 
-    importance_k = (RSS without k − RSS full) / SS_total
+    importance_k = (RSS before k − RSS after k) / SS_total
 
-(the Type-II sum of squares of a main-effects ANOVA, divided by the total). A large effect
-in one knob does not hide the others (each is measured given the rest), and a conditional
-knob (``eagle_*`` only with ``speculative=eagle3``) has indicators only where it is active,
-its shift over inactive trials absorbed by the knob that gates it. Shares of correlated
-knobs (sampled together) are what each explains beyond the others, so they may sum below R².
+The importances sum to the model's R². A large effect in one knob does not hide the others
+(each later knob is measured given the earlier ones), and a conditional knob (``eagle_*``
+only with ``speculative=eagle3``) has indicators only where it is active, its shift over
+inactive trials left to the knob that gates it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 from sweeps import records as R
 from sweeps.objective import Objective
 
-METHOD = "ANOVA main effects (drop in R², categorical), launched trials"
+METHOD = "ANOVA main effects (sequential R², categorical levels), launched trials"
 MIN_TRIALS = 3
 
 
@@ -54,9 +55,14 @@ def _rss(y: Any, columns: list[list[float]]) -> float:
     return float(((y - x @ coef) ** 2).sum())
 
 
+def _adjusted(rss: float, ss_total: float, n: int, p: int) -> float:
+    """Adjusted R² of a fit with ``p`` columns besides the intercept (-inf without residual df)."""
+    return 1.0 - (rss / (n - p - 1)) / (ss_total / (n - 1)) if n - p - 1 > 0 else float("-inf")
+
+
 def anova_importances(rows: Sequence[tuple[Mapping[str, Any], float]]) -> dict[str, float]:
-    """knob -> its share of the objective's variance (0..1), largest first; {} with fewer
-    than :data:`MIN_TRIALS` rows or no spread.
+    """knob -> the share of the objective's variance it added (0..1), largest first; {} with
+    fewer than :data:`MIN_TRIALS` rows or no spread.
 
     Args:
         rows: (params, objective value) per launched trial (:func:`launched_rows`).
@@ -66,13 +72,21 @@ def anova_importances(rows: Sequence[tuple[Mapping[str, Any], float]]) -> dict[s
     if len(rows) < MIN_TRIALS:
         return {}
     y = np.array([v for _, v in rows], dtype=float)
+    n = len(y)
     ss_total = float(((y - y.mean()) ** 2).sum())
     if ss_total <= 1e-12 * max(1.0, float((y**2).sum())):
         return {}
     cols = _columns(rows)
-    full = _rss(y, [c for cs in cols.values() for c in cs])
-    out = {k: max(0.0, min(1.0, (_rss(y, [c for j, cs in cols.items() if j != k for c in cs]) - full) / ss_total))
-           for k in cols}
+    chosen: list[list[float]] = []
+    rss_prev, out = ss_total, {}
+    remaining = dict(cols)
+    while remaining:
+        fits = {k: _rss(y, chosen + cs) for k, cs in remaining.items()}
+        k = max(remaining, key=lambda j: (_adjusted(fits[j], ss_total, n, len(chosen) + len(remaining[j])),
+                                          ss_total - fits[j], -len(remaining[j])))
+        out[k] = max(0.0, min(1.0, (rss_prev - fits[k]) / ss_total))
+        rss_prev = min(rss_prev, fits[k])
+        chosen += remaining.pop(k)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 

@@ -6,7 +6,7 @@ objective's best, lowest for a latency). Plots (PNG via matplotlib, Agg backend;
 Optuna's interactive HTML where it exists):
 
 * ``optimization_history.png`` — objective per trial, best so far, the baseline, failures.
-* ``param_importances.png`` — each knob's share of the variance (ANOVA main effects) over the launched trials
+* ``param_importances.png`` — each knob's share of the variance (ANOVA main effects, sequential R²) over the launched trials
   (:mod:`sweeps.importance`: sees categorical effects; skips and duplicates excluded).
 * ``toks_by_allreduce_speculation.png`` — the objective of every ok trial by allreduce
   backend, coloured by speculation; levels that failed are labelled with their failure class.

@@ -117,6 +117,9 @@ def test_every_level_that_ran_and_lost_has_a_line_with_margin_and_reason(tmp_pat
     g128 = next(line for line in sec.splitlines() if line.startswith("- `cuda_graph_max_bs=128`"))
     assert "t1, confirmed mean of 3 fresh runs" in g128
     assert not any(line.startswith("- `nccl_proto=LL`") for line in sec.splitlines())  # the winner's level
+    share = next(line for line in sec.splitlines() if line.startswith("Share of the decode tok/s variance"))
+    assert "(ANOVA main effects" in share and "n=5" in share  # launched ok trials: t0-t3, t6
+    assert re.search(r"nccl_proto \d+ %, speculative \d+ %", share)  # the two large effects lead
     g256 = next(line for line in sec.splitlines() if line.startswith("- `cuda_graph_max_bs=256`"))
     assert "ran only with speculative=eagle3: the gap is mostly speculative's" in g256
     spec = next(line for line in sec.splitlines() if line.startswith("- `speculative=eagle3`"))

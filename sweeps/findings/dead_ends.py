@@ -111,7 +111,7 @@ def earlier_rule_lines(ctx: Context, seen_classes: set[str]) -> list[str]:
     for rule in older[:20]:
         ev = ", ".join(f"{e.get('sweep')}#t{e.get('trial_number')}" for e in rule.evidence[:5])
         out.append(f"- {rule.failure_class} when {cfg(rule.knobs) or 'any config'} (rule {rule.id}, learned earlier: {ev}); "
-                   f"decisive line: {code(rule.signature[:200])}")
+                   f"signature (normalized; the raw line is in that sweep's trial log): {code(rule.signature[:200])}")
     return out
 
 

@@ -23,6 +23,7 @@ from sweeps.findings.break_even import baseline_ms_per_token, break_even
 from sweeps.findings.context import Context
 from sweeps.findings.evidence import path_line
 from sweeps.findings.text import code, fmt, trials
+from sweeps.importance import METHOD, importances, launched_rows
 from sweeps.objective import Objective
 
 MAX_LEVELS = 60  # lines listed (a space of many knobs); the rest are counted
@@ -135,6 +136,17 @@ def _level_line(ctx: Context, knob: str, level: Any, runs: Sequence[R.TrialRecor
     return txt + (". Why: " + "; ".join(why) if why else "")
 
 
+def _importance_lines(recs: Sequence[R.TrialRecord], obj: Objective) -> list[str]:
+    """What matters, in one line: each knob's share of the objective's variance (``sweeps.importance``)."""
+    imp = importances(recs, obj)
+    shown = [f"{k} {v * 100:.0f} %" for k, v in imp.items() if v >= 0.005][:8]
+    if not shown:
+        return []
+    n = len(launched_rows(recs, obj))
+    return [f"Share of the {M.wording(obj)} variance each knob explains ({METHOD}, n={n}): " + ", ".join(shown)
+            + " (the rest under 0.5 %).", ""]
+
+
 def losers_section(ctx: Context, recs: Sequence[R.TrialRecord], best: R.TrialRecord | None,
                    base: float | None) -> list[str]:
     """The "What ran and lost" section (empty before a best config exists)."""
@@ -161,7 +173,7 @@ def losers_section(ctx: Context, recs: Sequence[R.TrialRecord], best: R.TrialRec
     if not lines:
         return []
     extra = [f"- (+{len(lines) - MAX_LEVELS} more levels)"] if len(lines) > MAX_LEVELS else []
-    return ["### What ran and lost", "",
+    return ["### What ran and lost", "", *_importance_lines(recs, obj),
             f"Every launched knob level other than the best config's, at its best trial, against the best "
             f"({M.value_text(best_m.value, obj)}, t{best.number}) and the baseline ({M.value_text(base, obj)}).", "",
             *lines[:MAX_LEVELS], *extra, ""]
