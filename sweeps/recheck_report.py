@@ -136,5 +136,18 @@ def report_markdown(study_name: str, source: str, fingerprint: dict[str, Any], o
             now = o.failure_class or o.status or "-"
         lines.append(f"| {what} | {before} | {d.source_trial} | {o.outcome} | {now} | "
                      f"{'' if o.trial is None else o.trial} |")
-    lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + _verdicts(outs) + [""])
+
+
+def _verdicts(outs: list[Outcome]) -> list[str]:
+    """Which dead ends the upgrade fixed, and whether the speculative canary now beats the baseline."""
+    fixed = [o.dead_end.label for o in outs if o.outcome == FIXED]
+    out = [f"Dead ends fixed by the upgrade: {', '.join(fixed) if fixed else 'none'}."]
+    canary = {o.dead_end.label: o for o in outs if o.dead_end.kind == "canary"}
+    base, spec = canary.get("baseline"), canary.get("best speculative") or canary.get("best")
+    if base and spec and base.value and spec.value and spec.dead_end.params.get("speculative") not in (None, "none"):
+        ratio = spec.value / base.value
+        out.append(f"Speculative decoding (source trial {spec.dead_end.source_trial}) vs the baseline now: "
+                   f"{spec.value:.1f} vs {base.value:.1f} tok/s = {ratio:.2f}x: "
+                   f"{'beats' if ratio > 1.0 else 'does not beat'} the baseline.")
+    return out
