@@ -107,10 +107,10 @@ def importances_figure(records: Sequence[R.TrialRecord], obj: Objective | None =
     import matplotlib.pyplot as plt
 
     names = list(imp)[::-1]
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.2))
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.6))
     ax.barh(names, [imp[n] for n in names], color="#4c72b0")
     n = len(launched_rows(records, obj))
-    ax.set_xlabel(f"importance: {METHOD} (n={n})")
+    ax.set_xlabel(f"importance: {METHOD}\n(share of the variance, n={n}; the bars sum to the model's R²)")
     ax.set_title(f"parameter importances for {obj.label}")
     return fig
 
