@@ -152,12 +152,15 @@ def estimate_gpu_hours(spec: SweepSpec, sample: int = DEFAULT_SAMPLE, seed: int 
     wall_h = wall_s / max(1, spec.node.gpus // per) / 3600.0
     skipped = 1.0 - len(launched) / len(samples)
     what = f"{trials} trials" if b.trials is not None else f"up to {trials} trials (no trial budget: max_asks)"
-    msg = (f"Estimated cost: {what} ~ {hours:.1f} GPU-hours{' (capped by budget.gpu_hours)' if capped else ''} "
+    msg = (f"Estimated cost on the real node (a projection from the emulator's model): {what} ~ {hours:.1f} "
+           f"GPU-hours{' (capped by budget.gpu_hours)' if capped else ''} "
            f"on {spec.node.name} ({per} GPUs/trial, ~{wall_h:.1f} h on one node): {n_seed} seed trials "
            f"{sum(est_seed['gpu_s'][:n_seed]) / 3600:.1f} GPU-h + {rest} x {mean_gpu / 3600:.2f} GPU-h, modelled "
            f"at real speed over {len(samples)} sampled configs ({100 * skipped:.0f} % rule-skipped after the seeds)")
     if spec.sweep.mode == "recheck":
         msg += "; recheck: the trial count is the number of old dead ends, priced here at budget.trials"
+    if spec.backend.kind in ("emulated", "instant"):
+        msg += (f"; backend={spec.backend.kind} books these as the emulated node's GPU-hours: no real GPU is used")
     return hours, msg
 
 

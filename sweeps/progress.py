@@ -113,7 +113,10 @@ class Progress:
             c.print(ft)
         launched = sum(r.launched for r in recs)
         gpu_h = sum(r.timings.get("gpu_s", 0.0) for r in recs) / 3600
-        c.print(f"{launched} trials launched, {len(recs) - launched} answered without GPU time, {gpu_h:.3f} GPU-hours.")
+        booked = f"booked on the {self.node} (modelled, no real GPU used)" if self.node.startswith("emulated") \
+            else f"on {self.node or 'the node'} (real GPUs)"
+        c.print(escape(f"{launched} trials launched, {len(recs) - launched} answered without GPU time, "
+                       f"{gpu_h:.3f} GPU-hours {booked}."))
         if baseline:
             c.print(f"baseline: {metric_text(obj.name, baseline)}")
         entry = next((e for e in (confirmation or {}).get("entries", [])

@@ -62,3 +62,44 @@ def test_sglang_0_5_23_parser_accepts_the_deploy_command():
             for p in (PARAMS, {"allreduce": "nccl", "speculative": "none"})]
     verdicts = check_many([split_deploy(c)[1][3:] for c in cmds], python=str(CONTRACT_PY))
     assert [v["ok"] for v in verdicts] == [True, True], verdicts
+
+
+def _summary_command(tmp_path, backend: str) -> tuple[str, str]:
+    from sweeps.config import load_spec
+    from sweeps.inprocess import run_in_process
+    from tests.conftest import compose_cfg
+
+    store = tmp_path / "store"
+    spec = load_spec(compose_cfg([f"backend={backend}", "sweep=smoke", "sweep.budget.trials=2", "sweep.confirm.top_k=0",
+                                  f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]))
+    drv = run_in_process(spec)
+    text = (store / "reports" / drv.study_name / "summary.txt").read_text()
+    lines = text.splitlines()
+    i = lines.index("deploy command (target node, real engine):")
+    return text, lines[i + 1]
+
+
+@pytest.mark.parametrize("backend", ["instant", "emulated"])
+def test_summary_prints_the_deploy_command_and_labels_the_emulated_node(tmp_path, backend):
+    text, cmd = _summary_command(tmp_path, backend)
+    env, argv = split_deploy(cmd)
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"] and argv[-2:] == ["--port", "30000"]
+    assert "tasks.emulator" not in cmd and "--nccl-port" not in cmd
+    assert "emulated 8×RTX PRO 6000: " in text  # the numbers are the emulated node's
+    assert "GPU-hours booked on the emulated 8×RTX PRO 6000 (modelled, no real GPU used)" in text
+    if CONTRACT_PY.exists():
+        from tasks.sglang_cli import check_many
+
+        assert check_many([argv[3:]], python=str(CONTRACT_PY))[0]["ok"], cmd
+
+
+def test_estimate_says_it_is_a_real_node_projection_and_who_books_it():
+    from sweeps.config import load_spec
+    from sweeps.estimate import estimate_gpu_hours
+    from tests.conftest import compose_cfg
+
+    _, emu = estimate_gpu_hours(load_spec(compose_cfg(["backend=emulated"])))
+    _, real = estimate_gpu_hours(load_spec(compose_cfg(["backend=sglang"])))
+    assert "on the real node (a projection from the emulator's model)" in emu and real.startswith(emu.split(";")[0][:40])
+    assert "emulated node's GPU-hours: no real GPU is used" in emu
+    assert "emulated node's" not in real
