@@ -5,7 +5,8 @@
   (:func:`tasks.load_search.max_rate_at_slo`).
 * :func:`derived`: per-GPU / per-user rates and ``cost_usd_per_mtok`` from ``node.gpu_hour_usd``
   (:func:`tasks.trial_load.derived_metrics`), added to every ok trial's metrics.
-* :func:`mlflow_metric_keys`: the load metrics MLflow child runs carry.
+* :func:`mlflow_metric_keys`: the load metrics MLflow child runs carry;
+  :func:`sweeps.findings.load.break_even_metrics` (re-exported): the parent run's break-even metrics.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sweeps import records as R
+from sweeps.findings.load import break_even_metrics
 from sweeps.objective import ObjectiveSet
 from tasks.trial_load import CURVE_KEYS, LEVEL_KEYS, derived_metrics
 from tasks.types import BenchSpec
+
+__all__ = ["break_even_metrics", "derived", "incumbent_rate", "mlflow_metric_keys", "trial_bench", "with_incumbent"]
 
 RATE = "max_rate_at_slo_req_s"
 #: what a load-search trial logs to MLflow beyond the objectives

@@ -19,7 +19,7 @@ import optuna
 from sweeps import records as R
 from sweeps.config import SweepSpec
 from sweeps.deploy import deploy_command_for, node_label
-from sweeps.load_objective import mlflow_metric_keys
+from sweeps.load_objective import break_even_metrics, mlflow_metric_keys
 from sweeps.progress import Progress, metric_text
 from tasks.redact import redact_argv
 from tasks.types import TrialResult, TrialSpec
@@ -185,6 +185,7 @@ class Publisher:
             self.tracker.log_parent_metrics({f"best_{obj.name}": bv, f"baseline_{obj.name}": base,
                                              "best_speedup_vs_baseline": obj.ratio(bv, base) if bv and base else None})
             self.log_parent_truth(study, recs)
+            self.tracker.log_parent_metrics(break_even_metrics(recs))  # speculative speedup < 1 by concurrency
             self.log_parent_artifacts(study)
             self.tracker.close_parent("KILLED" if interrupted else "FINISHED")
 

@@ -33,6 +33,7 @@ import sweeps.findings.measure as M
 from sweeps import records as R
 from sweeps.importance import importances_figure, importances_plotly
 from sweeps.objective import Objective
+from sweeps.report_load import write_load_plots
 
 log = logging.getLogger("servesweep.report")
 SPEC_COLORS = {"none": "#1f77b4", "eagle3": "#d62728"}
@@ -274,6 +275,7 @@ def write_plots(study: optuna.Study, out_dir: Path, allreduce_levels: list[Any] 
     paths.append(_save(by_allreduce_figure(recs, allreduce_levels, obj), out_dir / "toks_by_allreduce_speculation.png"))
     paths.append(_save(failures_figure(recs), out_dir / "failures_by_class.png"))
     paths.append(_save(eagle_figure(recs, obj), out_dir / "eagle_draft_acceptance.png"))
+    paths += write_load_plots(study, recs, out_dir)  # serving under load: curves, Pareto front, break-even
     paths += _optuna_html(study, out_dir, recs, obj)
     return paths
 
