@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import time
 from collections import Counter
@@ -23,6 +24,7 @@ from mlflow.entities import Metric, Param, RunTag
 from sweeps.records import TrialRecord
 from sweeps.tracking import Tracker, retry
 
+log = logging.getLogger("servesweep")
 SKIP_REASONS = ("rule", "duplicate", "degraded", "infeasible", "other")
 SKIP_COLUMNS = ("trial", "reason", "failure_class", "detail", "config")
 CONFIRM_ROLE = "confirmation"
@@ -152,3 +154,63 @@ def _log_confirm_run(tracker: Tracker, key: str, parent: str, e: Mapping[str, An
     retry(lambda: tracker.client.log_batch(rid, metrics=ms, params=ps,
                                            tags=[RunTag(k, v) for k, v in tags.items() if v]), "log confirmation")
     retry(lambda: tracker.client.set_terminated(rid, "FINISHED" if ok else "FAILED"), "terminate confirmation")
+
+
+def log_truth(tracker: Tracker, spec: Any, study_name: str, study: Any, recs: list[TrialRecord],
+              reports_dir: Path) -> None:
+    """Log to the parent run: skip counts (by reason and class) and ``skipped.csv``; the
+    confirmed winner (``confirmed_<objective>`` and its CI, the speedup CI, ``confirmed_trial``,
+    ``best_trial``, ``best_run``, the deployable ``best_launch_command``) and its confirmation runs."""
+    from sweeps.deploy import deploy_command_for
+
+    obj = spec.objective_set.primary.name
+    metrics, tags = skip_counts(recs)
+    conf = study.user_attrs.get("confirmation")
+    cm, ct = confirmed_fields(conf, obj)
+    metrics.update(cm)
+    tags.update(ct)
+
+    def run_id_of(number: int) -> str | None:
+        runs = tracker.client.search_runs([tracker.experiment_id], max_results=1,
+                                          filter_string=f"tags.trial_key = '{study_name}/{number}'")
+        return runs[0].info.run_id if runs else None
+
+    try:
+        sync_confirmation(tracker, study_name, conf, obj, run_id_of)
+    except Exception as e:  # noqa: BLE001 - the parent's numbers still go out
+        log.warning("could not log the confirmation runs to MLflow: %s", e)
+    if ct.get("confirmed_trial"):
+        number = int(ct["confirmed_trial"])
+        winner = next((r for r in recs if r.number == number), None)
+        if winner is not None:
+            cmd = deploy_command_for(spec, winner.params) or ""
+            tags.update(best_trial=str(number), best_launch_command=cmd, confirmed_launch_command=cmd)
+        run = run_id_of(number)
+        if run:
+            tags["best_run"] = run
+    tracker.log_parent_metrics(metrics)
+    tracker.set_parent_tags(tags)
+    tracker.log_parent_artifact(write_skip_table(recs, reports_dir / "skipped.csv"))
+
+
+def relog(spec: Any, study: Any, study_name: str, parent_run_id: str) -> None:
+    """Re-log what can change after a sweep to its parent run (``python -m sweeps.report``):
+    ``summary.txt`` and everything :func:`log_truth` logs (findings and plots: the report)."""
+    from sweeps import records as R
+    from sweeps.deploy import deploy_command_for, node_label
+    from sweeps.progress import Progress
+
+    tracker = Tracker(spec.mlflow_uri, spec.sweep.name, spec.artifact_location)
+    tracker.parent_run_id = parent_run_id
+    objs = spec.objective_set
+    recs = R.load_records(study)
+    conf = study.user_attrs.get("confirmation") or {}
+    best = next((r for r in recs if r.number == conf.get("winner")), None) or R.best_record(recs, objs)
+    progress = Progress(study_name, spec.sweep.budget.trials, objective=objs.primary,
+                        deploy=lambda p: deploy_command_for(spec, p), node=node_label(spec))
+    reports = spec.store_dir / "reports" / study_name
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / "summary.txt").write_text(progress.summary_text(
+        recs, best, R.baseline_value(recs, objs), None, spec.findings_path, confirmation=conf))
+    log_truth(tracker, spec, study_name, study, recs, reports)
+    tracker.log_parent_artifact(reports / "summary.txt")

@@ -194,30 +194,10 @@ class Publisher:
         return deploy_command_for(self.spec, params)
 
     def log_parent_truth(self, study: optuna.Study, recs: list[R.TrialRecord]) -> None:
-        """Skip counts (by reason and class) and the ``skipped.csv`` table; the confirmed winner
-        (``confirmed_<objective>`` and its CI, the speedup CI) and its confirmation runs."""
-        from sweeps import parent_run as P
+        """Skip counts and table, the confirmed winner and its runs (:func:`sweeps.parent_run.log_truth`)."""
+        from sweeps.parent_run import log_truth
 
-        obj = self.objectives.primary.name
-        metrics, tags = P.skip_counts(recs)
-        conf = study.user_attrs.get("confirmation")
-        cm, ct = P.confirmed_fields(conf, obj)
-        metrics.update(cm)
-        tags.update(ct)
-        with guard("log the confirmation runs to MLflow", logging.WARNING):
-            P.sync_confirmation(self.tracker, self.study_name, conf, obj, self.run_id_of)
-        if ct.get("confirmed_trial"):
-            winner = next((r for r in recs if r.number == int(ct["confirmed_trial"])), None)
-            run = self.run_id_of(int(ct["confirmed_trial"]))
-            if winner is not None:
-                tags.update(best_trial=str(winner.number), best_launch_command=self.deploy(winner.params) or "",
-                            confirmed_launch_command=self.deploy(winner.params) or "")
-            if run:
-                tags["best_run"] = run
-        self.tracker.log_parent_metrics(metrics)
-        self.tracker.set_parent_tags(tags)
-        table = P.write_skip_table(recs, self.reports_dir / "skipped.csv")
-        self.tracker.log_parent_artifact(table)
+        log_truth(self.tracker, self.spec, self.study_name, study, recs, self.reports_dir)
 
     @property
     def reports_dir(self) -> Path:

@@ -355,6 +355,9 @@ def rebuild(spec: Any, study_name: str, log_to_mlflow: bool = True) -> tuple[Pat
             retry(lambda: c.log_artifact(parent, str(doc)), "log findings")
             for p in plots:
                 retry(lambda p=p: c.log_artifact(parent, str(p), "plots"), "log plot")
+            from sweeps.parent_run import relog  # summary, skip counts, the confirmed winner
+
+            relog(spec, study, study_name, parent)
         except Exception as e:  # noqa: BLE001
             print(f"servesweep report: could not log to MLflow ({e}); files are on disk", file=sys.stderr)
     return doc, plots

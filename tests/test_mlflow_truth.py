@@ -127,3 +127,28 @@ def test_confirmation_runs_are_nested_under_the_trial_they_confirm(swept):
         assert _tags(tr)["trial_number"] == _tags(c)["confirms_trial"]
         if c["info"]["status"] == "FINISHED":
             assert _metrics(c)["decode_tok_s"] > 0
+
+
+def test_report_uploads_the_changed_artifacts_again(swept):
+    """``python -m sweeps.report <study>`` rewrites findings/plots/summary and re-logs them: the
+    parent's findings artifact is again byte-identical to the (rewritten) file."""
+    from sweeps.report import main
+
+    drv, spec, server, _ = swept
+    before = spec.findings_path.read_bytes()
+    overrides = [f"tracking.uri={server.url}", f"tracking.findings_dir={spec.findings_path.parent}",
+                 "sweep.budget.trials=5", "sweep.confirm.top_k=2", "sweep.confirm.repeats=2"]
+    assert main([drv.study_name, "--store-dir", str(spec.store_dir), *overrides]) == 0
+    after = spec.findings_path.read_bytes()
+    pid = drv.study.user_attrs["mlflow_parent_run_id"]
+    got = httpx.get(f"{server.url}/get-artifact", params={"path": spec.findings_path.name, "run_uuid": pid}, timeout=30)
+    assert got.content == after
+    assert b"Confirmation" in after and len(before) > 0
+    api = httpx.Client(base_url=server.url + "/api/2.0/mlflow", timeout=30)
+    parent = api.get("/runs/get", params={"run_id": pid}).json()["run"]
+    assert "confirmed_decode_tok_s" in _metrics(parent)
+    runs = api.post("/runs/search", json={"experiment_ids": [parent["info"]["experiment_id"]],
+                                          "max_results": 1000}).json()["runs"]
+    confirms = [x for x in runs if _tags(x).get("servesweep.role") == "confirmation"]
+    conf = drv.study.user_attrs["confirmation"]
+    assert len(confirms) == conf["repeats"] * len(conf["entries"]), "the report duplicated confirmation runs"
