@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from sweeps import records as R
+from sweeps.parent_run import confirmed_fields
 from sweeps.tracking import Tracker
 from tests.conftest import REPO
 
@@ -63,6 +64,11 @@ def _records() -> list[R.TrialRecord]:
             rec(3, "failed", {**p, "allreduce": "torch_symm_mem"}, cls="torch_symm_mem_unsupported")]
 
 
+CONFIRMATION = {"winner": 1, "confidence": 0.95, "winner_note": "Winner t1: 88.7 tok/s mean over 3 runs.",
+                "entries": [{"trial": 1, "mean": 88.7342, "ci_low": 87.91, "ci_high": 89.55, "n": 3,
+                             "speedup_mean": 1.081, "speedup_ci": [1.06, 1.10]}]}
+
+
 class _Study:
     """The two things Tracker.open_parent reads from an Optuna study."""
 
@@ -82,6 +88,10 @@ def ui(tmp_path):
     tr = Tracker(f"sqlite:///{store / 'mlflow.db'}", "pagesweep", (store / "artifacts").as_uri())
     tr.open_parent(_Study(), "Page-test sweep: allreduce x graph size", {"sweep": "pagesweep"})
     assert tr.sync("pagesweep", _records(), store, {"backend": "emulated"}) == 4
+    # the confirmed winner, as the driver logs it after the confirmation (sweeps.parent_run)
+    metrics, tags = confirmed_fields(CONFIRMATION, "decode_tok_s")
+    tr.log_parent_metrics(metrics)
+    tr.set_parent_tags(tags)
     tr.close_parent()
     port = _free_port()
     log = open(tmp_path / "ui.log", "w")
@@ -154,3 +164,22 @@ def test_experiment_page_lists_trials_with_toks_and_failure_class(ui, tmp_path):
     assert tags(runs["t003 none torch_symm_mem g512"])["failure_class"] == "torch_symm_mem_unsupported"
     parent = runs["pagesweep"]
     assert all(tags(runs[n])["mlflow.parentRunId"] == parent["info"]["run_id"] for n in runs if n != "pagesweep")
+
+
+def test_parent_run_page_shows_the_confirmed_winner(ui, tmp_path):
+    chrome = _chromium()
+    base, exp_id = ui
+    r = httpx.post(f"{base}/ajax-api/2.0/mlflow/runs/search", json={"experiment_ids": [exp_id], "max_results": 100},
+                   timeout=30)
+    parent = next(x for x in r.json()["runs"] if x["info"]["run_name"] == "pagesweep")
+    url = f"{base}/#/experiments/{exp_id}/runs/{parent['info']['run_id']}"
+    dom = subprocess.run([*_chrome_argv(chrome, tmp_path / "chrome-profile"), "--dump-dom", url],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    (tmp_path / "parent.html").write_text(dom.stdout)
+    text = re.sub(r"<[^>]+>", " ", dom.stdout)
+    # the run page lists the parent's metrics: the confirmed mean and its interval, by name and value
+    for key in ("confirmed_decode_tok_s", "confirmed_decode_tok_s_ci_low", "confirmed_decode_tok_s_ci_high",
+                "confirmed_speedup_vs_baseline"):
+        assert key in text, f"{key} is not on the parent run's page"
+    assert re.search(r"88\.73", text), "the confirmed mean's value is not on the page"
