@@ -11,7 +11,7 @@ ARGS   ?=
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,team]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from sweeps.config import SweepSpec
+from sweeps.ray_auth import code_runtime_env, explain_init_error
 
 # Ray's own settings for a quiet, small local instance (DESIGN.md § Known traps).
 # Not RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper: it makes workers ignore
@@ -56,10 +57,16 @@ def start_ray(spec: SweepSpec) -> None:
     needs no real GPU), a small object store (``object_store_memory_mb``), no dashboard,
     worker logs not streamed to the driver (the progress display stays readable).
 
+    Joining ``ray.address``: the job's ``runtime_env`` ships this checkout (``working_dir``,
+    :func:`sweeps.ray_auth.code_runtime_env`), so a node needs Python, Ray, the engine and
+    :data:`sweeps.ray_auth.TRIAL_REQUIREMENTS`, not servesweep.
+
     Raises:
-        RayUnavailable: the address is unreachable.
+        RayUnavailable: the address is unreachable, or token authentication rejected this
+            driver (the message names ``RAY_AUTH_MODE`` and the fix).
     """
     import ray
+    from ray.exceptions import AuthenticationError
 
     if ray.is_initialized():
         return
@@ -71,15 +78,18 @@ def start_ray(spec: SweepSpec) -> None:
     if r.address:
         _probe(r.address)
     try:
-        if r.address:
-            ray.init(address=r.address, **common)
+        if r.address:  # a shared cluster: ship this checkout's code to its nodes (sweeps.ray_auth)
+            ray.init(address=r.address, **{**common, "runtime_env": {**code_runtime_env(), **common["runtime_env"]}})
         else:
             gpus = r.num_gpus if r.num_gpus is not None else spec.node.gpus
             res = {f"accelerator_type:{spec.node.accelerator_type}": float(gpus)} if spec.node.accelerator_type else None
             # address="local": always start our own Ray, never join another local instance
             ray.init(address="local", num_gpus=gpus, num_cpus=r.num_cpus, resources=res or None,
                      object_store_memory=r.object_store_memory_mb * 1024 * 1024, include_dashboard=False, **common)
-    except (ConnectionError, RuntimeError, ValueError) as e:
+    except (ConnectionError, RuntimeError, ValueError, AuthenticationError) as e:
+        msg = explain_init_error(e, r.address)  # token auth (RAY_AUTH_MODE) mismatch: say so
+        if msg is not None:
+            raise RayUnavailable(msg) from None
         raise RayUnavailable(
             f"cannot start or reach Ray at ray.address={r.address!r}: {e}. "
             f"Check the address (ray status on the head node) or drop ray.address to run locally"

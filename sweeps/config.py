@@ -259,7 +259,10 @@ class SweepSpec(_Model):
 
     @property
     def artifact_location(self) -> str:
-        return self.tracking.artifact_location or (self.store_dir / "artifacts").as_uri()
+        """A new experiment's artifact root: through the server (``mlflow-artifacts:/<sweep>``) for an HTTP URI."""
+        http = (self.tracking.uri or "").startswith(("http://", "https://"))
+        return self.tracking.artifact_location or (f"mlflow-artifacts:/{self.sweep.name}" if http
+                                                   else (self.store_dir / "artifacts").as_uri())
 
     @property
     def optuna_storage(self) -> str:

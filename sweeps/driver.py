@@ -28,6 +28,7 @@ from optuna.trial import TrialState
 from sweeps.config import ConfigError, SweepSpec, backend_dict, load_spec
 from sweeps.lifecycle import EXIT_INTERRUPTED, execute
 from sweeps.loop import Driver, InFlight
+from sweeps.ownership import REFUSALS
 from sweeps.preflight import emulator_profile, sweep_errors
 from sweeps.space import seed_configs
 from sweeps.stores import new_study_name
@@ -99,7 +100,8 @@ def dry_run(spec: SweepSpec) -> int:
 def run(cfg: Any) -> float | None:
     """Run the sweep described by the composed Hydra config; returns the best objective.
 
-    Exits the process with code 2 on a config error (nothing started), 1 on a sweep-level
+    Exits the process with code 2 on a config error (nothing started; also a study held by
+    another live driver, or MLflow denying EDIT on the experiment), 1 on a sweep-level
     error, 130 after Ctrl-C (state saved; the same command resumes).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -123,6 +125,9 @@ def run(cfg: Any) -> float | None:
     drv = Driver(spec, study_name)
     try:
         best = execute(drv).finished_best
+    except REFUSALS as e:  # another live driver holds the study, MLflow denies EDIT: configuration errors
+        print(f"servesweep: {e}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         print("servesweep: aborted; trials still running are recovered (failed, re-queued) by the next run of the "
               "same command", file=sys.stderr)

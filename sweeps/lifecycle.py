@@ -14,7 +14,8 @@ EXIT_INTERRUPTED = 130
 def execute(drv: Driver) -> Driver:
     """Run a driver's whole lifecycle: setup, the loop, graceful Ctrl-C (first SIGINT stops
     proposing and tears running trials down; a second one aborts), finish. Returns ``drv``
-    with ``drv.finished_best`` set. Raises what setup raises (SweepError, RayUnavailable...)."""
+    with ``drv.finished_best`` set; the study's lock and lease are released in every case.
+    Raises what setup raises (SweepError, LeaseHeld, RayUnavailable, MlflowDenied...)."""
     prev = signal.getsignal(signal.SIGINT)
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -40,4 +41,5 @@ def execute(drv: Driver) -> Driver:
     finally:
         signal.signal(signal.SIGINT, prev)
         signal.signal(signal.SIGTERM, prev_term)
+        drv.release()  # the lock and the study lease, also after Ctrl-C or an error
     return drv

@@ -24,6 +24,7 @@ from sweeps import records as R
 from sweeps import study as S
 from sweeps.config import SweepSpec, backend_dict
 from sweeps.executor import Executor, RayExecutor, collect, retry_reason
+from sweeps.ownership import StudyHold, abandon, guarded, prepare
 from sweeps.preflight import check_launcher, emulator_profile, ensure_writable
 from sweeps.publish import Publisher, guard
 from sweeps.queue_order import pop_priority
@@ -80,7 +81,7 @@ class Driver:
         self.recent_bad: list[bool] = []
         self.fingerprint: dict[str, str] = {}
         self.finished_best: R.TrialRecord | None = None
-        self._lock_fd: int | None = None
+        self.hold: StudyHold | None = None  # file lock + lease (sweeps.ownership)
         self.publisher = self.make_publisher()
         self.progress = self.publisher.progress
 
@@ -105,12 +106,13 @@ class Driver:
 
     # ---- setup ------------------------------------------------------------------------
     def setup(self) -> None:
-        """Check the stores, lock and open the study, open MLflow, start the executor,
+        """Check the stores, :func:`~sweeps.ownership.prepare` (lock + lease, executor, MLflow's
+        permission: nothing is created before), open the study, rules and MLflow parent run,
         read the node fingerprint, recover stale trials and enqueue the seeds.
 
         Raises:
-            SweepError: unwritable store, missing launcher, changed space, a study held by
-                another driver, no trial slot.  RayUnavailable: Ray cannot be reached.
+            SweepError: unwritable store, missing launcher, changed space, no trial slot; the
+                rest of :func:`~sweeps.ownership.prepare`'s (LeaseHeld, RayUnavailable, MlflowDenied).
         """
         ensure_writable(self.spec)
         prepare_stores(self.spec, self.track)  # schemas created once, under <store>/locks/create.lock
@@ -119,15 +121,13 @@ class Driver:
         from sweeps.sqlite_tuning import tune_sqlite_engines
 
         tune_sqlite_engines()  # WAL + synchronous=NORMAL: 16 ms -> 0.02 ms per commit (measured)
-        self._lock_fd = S.lock_study(self.spec, self.study_name)
+        prepare(self)  # lock + lease, Ray (auth, slots), MLflow's permission: before the study and any run
         self.study = S.open_study(self.spec, self.study_name)
         from sweeps.rules import RuleStore, load_implicated_knobs
 
         self.rules = RuleStore(self.spec.rules_db)
         self.implicated = load_implicated_knobs(REPO_ROOT / "conf" / "failure_knobs.yaml")
         self.publisher.open_tracker(self.study)
-        self.executor = self.make_executor()
-        self.progress.slots = self.executor.slots
         self.fingerprint = self._node_fingerprint()
         S.recover_stale(self.study)
         # the trial budget is the study's: a resumed sweep continues where it stopped;
@@ -144,12 +144,9 @@ class Driver:
             return {}
 
     def release(self) -> None:
-        """Release the study lock (several drivers may run in one process)."""
-        if self._lock_fd is not None:
-            import os
-
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        """Release the study lock and lease (several drivers may run in one process). Idempotent."""
+        if self.hold is not None:
+            self.hold.release()
 
     # ---- the loop ---------------------------------------------------------------------
     def budget_left(self) -> bool:
@@ -193,6 +190,8 @@ class Driver:
             if not self.inflight:
                 break
             ready = self.executor.wait(list(self.inflight), timeout=1.0)
+            if self.hold is not None and (why := self.hold.lost()):  # another driver owns the study: no writes
+                abandon(self, why)
             self.publisher.refresh(self.study, len(self.inflight), self.t_start)
             for ref in ready:
                 self._collect(ref)
@@ -233,7 +232,7 @@ class Driver:
     def _answer(self, trial: optuna.trial.Trial, skip: gates.Skip) -> None:
         """Store a gated proposal's facts and tell Optuna (no GPU time spent)."""
         self.consecutive_skips += 1
-        write_outcome(trial, skip.attrs, f"trial {trial.number}")
+        guarded(write_outcome, trial, skip.attrs, f"trial {trial.number}", what=f"record of trial {trial.number}")
         S.tell(self.study, trial, S.verdict_for(skip.status, source=skip.source))
         self._pending_flush = True
         if self.gated and not redirect(self):  # launch an untried feasible config instead
@@ -307,7 +306,7 @@ class Driver:
             R.A_NODE: res.node, R.A_ATTEMPTS: f.attempt, R.A_LOG_TAIL: res.log_tail[-4000:],
             R.A_TIMINGS: {"startup_s": res.startup_s, "bench_s": res.bench_s, "gpu_s": res.gpu_s, "wall_s": res.wall_s},
         }
-        write_outcome(t, attrs, f"trial {t.number}")  # one record; a lock past the retry budget stops the sweep
+        guarded(write_outcome, t, attrs, f"trial {t.number}", what=f"record of trial {t.number}")  # see record_io
         verdict = S.verdict_for(res.status, failure_kind=res.failure_kind, metrics=metrics,
                                 objectives=self.objectives,
                                 degraded=R.DEGRADED in res.perf_tags and f.params.get("allreduce") not in (None, "nccl"))

@@ -97,7 +97,7 @@ class Publisher:
 
     def _sync(self, recs: list[R.TrialRecord]) -> None:
         self.tracker.sync(self.study_name, recs, self.spec.store_dir,
-                          {"backend": self.spec.backend.kind, "node": self.spec.node.name})
+                          {"backend": self.spec.backend.kind, "node_profile": self.spec.node.name})
 
     def close_failed(self) -> None:
         """Setup failed: close an open parent run as FAILED."""

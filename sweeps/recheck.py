@@ -46,6 +46,7 @@ from sweeps import records as R
 from sweeps.config import SweepSpec
 from sweeps.lifecycle import EXIT_INTERRUPTED, execute
 from sweeps.loop import Driver
+from sweeps.ownership import REFUSALS
 from sweeps.preflight import emulator_profile
 from sweeps.publish import Publisher, guard
 from sweeps.recheck_report import (  # noqa: F401 - re-exported: the recheck's public names
@@ -299,9 +300,9 @@ def run_recheck(spec: SweepSpec) -> float | None:
     """
     try:
         drv = recheck(spec)
-    except SweepError as e:
+    except (SweepError, *REFUSALS) as e:  # a refusal (study leased elsewhere, MLflow 403) is a config error
         print(f"servesweep: {e}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(1 if isinstance(e, SweepError) else 2)
     outs = drv.outcomes()
     print(report_markdown(drv.study_name, str(spec.source), drv.fingerprint, outs))
     print(f"report: {drv.spec.findings_path}")

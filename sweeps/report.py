@@ -283,9 +283,10 @@ def write_plots(study: optuna.Study, out_dir: Path, allreduce_levels: list[Any] 
 # ---------------------------------------------------------------------------------------
 # CLI: rebuild from storage
 # ---------------------------------------------------------------------------------------
-def spec_for_study(study_name: str, store_dir: str | None, overrides: list[str]) -> Any:
+def spec_for_study(study_name: str, store_dir: str | None, overrides: list[str], storage: str | None = None) -> Any:
     """Compose the sweep config the study was run with (its ``sweep``/``node``/``model``/
-    ``backend`` user attrs pick the Hydra groups) plus ``overrides``.
+    ``backend`` user attrs pick the Hydra groups) plus ``overrides``, read from ``storage`` (any
+    Optuna URL), else ``tracking.optuna_storage=`` in ``overrides``, else ``<store_dir>/optuna.db``.
 
     Raises:
         SystemExit(2): the study does not exist or its search space differs from the config.
@@ -296,9 +297,11 @@ def spec_for_study(study_name: str, store_dir: str | None, overrides: list[str])
     from sweeps.config import REPO_ROOT, load_spec
 
     store = Path(store_dir).resolve() if store_dir else REPO_ROOT / "mlflow"
-    storage = f"sqlite:///{store / 'optuna.db'}"
-    if not (store / "optuna.db").exists():
-        sys.exit(f"servesweep report: no Optuna storage at {store / 'optuna.db'}; pass --store-dir")
+    pre = "tracking.optuna_storage="
+    storage = storage or next((o[len(pre):] for o in overrides if o.startswith(pre)), f"sqlite:///{store / 'optuna.db'}")
+    overrides = [o for o in overrides if not o.startswith(pre)]
+    if storage == f"sqlite:///{store / 'optuna.db'}" and not (store / "optuna.db").exists():
+        sys.exit(f"servesweep report: no Optuna storage at {store / 'optuna.db'}; pass --store-dir or --storage URL")
     try:
         summaries = optuna.get_all_study_summaries(storage)
     except Exception as e:  # noqa: BLE001
@@ -311,7 +314,7 @@ def spec_for_study(study_name: str, store_dir: str | None, overrides: list[str])
     groups = [f"{g}={attrs[g]}" for g in ("sweep", "node", "model", "backend") if attrs.get(g)]
     conf_dir = REPO_ROOT / "conf"
     groups = [g for g in groups if (conf_dir / g.split("=")[0] / f"{g.split('=')[1]}.yaml").exists()]
-    ov = [*groups, f"tracking.store_dir={store}", f"study_name={study_name}", *overrides]
+    ov = [*groups, f"tracking.store_dir={store}", f"study_name={study_name}", f"{pre}{storage}", *overrides]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
@@ -364,16 +367,17 @@ def rebuild(spec: Any, study_name: str, log_to_mlflow: bool = True) -> tuple[Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sweeps.report <study> [--store-dir DIR] [--no-mlflow] [hydra overrides...]``."""
+    """``python -m sweeps.report <study> [--store-dir DIR] [--storage URL] [--no-mlflow] [overrides...]``."""
     ap = argparse.ArgumentParser(prog="python -m sweeps.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("study", help="the sweep's study name (default study name = sweep name)")
     ap.add_argument("--store-dir", default=None, help="tracking store dir (default <repo>/mlflow)")
+    ap.add_argument("--storage", default=None, help="Optuna storage URL (default <store-dir>/optuna.db)")
     ap.add_argument("--no-mlflow", action="store_true", help="do not re-log to the MLflow parent run")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. tracking.findings_dir=/tmp/f")
     a = ap.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.WARNING)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    spec = spec_for_study(a.study, a.store_dir, a.overrides)
+    spec = spec_for_study(a.study, a.store_dir, a.overrides, a.storage)
     doc, plots = rebuild(spec, a.study, log_to_mlflow=not a.no_mlflow)
     print(f"findings: {doc}")
     for p in plots:

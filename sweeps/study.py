@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from sweeps import records as R
 from sweeps import sqlite_tuning
 from sweeps.config import SweepSpec
+from sweeps.lease import guarded
 from sweeps.objective import ObjectiveSet
 from sweeps.space import SearchSpace, seed_configs
 from sweeps.store_retry import StoreWriteError, retrying
@@ -182,9 +183,11 @@ def recover_stale(study: optuna.Study) -> int:
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         st = study._storage
-        for k, v in ((R.A_STATUS, "interrupted"), (R.A_FAILURE_CLASS, "node_lost"), (R.A_FAILURE_KIND, "infra"),
-                     (R.A_SIGNATURE, "driver stopped while the trial was running")):
-            st.set_trial_user_attr(t._trial_id, k, v)
+        done = [guarded(st.set_trial_user_attr, t._trial_id, k, v, what=f"recovering trial {t.number}") for k, v in (
+            (R.A_STATUS, "interrupted"), (R.A_FAILURE_CLASS, "node_lost"), (R.A_FAILURE_KIND, "infra"),
+            (R.A_SIGNATURE, "driver stopped while the trial was running"))]
+        if not all(done):  # its driver finished it meanwhile (it had lost the lease): nothing to recover
+            continue
         tell(study, t.number, verdict_for("interrupted"))
         if t.params:
             attrs = dict(t.user_attrs.get("enqueue_attrs") or {})
@@ -271,14 +274,17 @@ def tell(study: optuna.Study, trial: Trial | int, verdict: Verdict) -> None:
     Raises:
         StoreWriteError: the store stayed locked for the whole retry budget.
     """
-    def once() -> None:
-        if verdict.constraint is not None and isinstance(trial, Trial):
-            trial.set_constraint(FEASIBLE, verdict.constraint)
+    what = f"telling trial {getattr(trial, 'number', trial)}"
+
+    def once() -> None:  # guarded: a trial finished by another driver (lease taken over) is skipped
+        if verdict.constraint is not None and isinstance(trial, Trial) and \
+                not guarded(trial.set_constraint, FEASIBLE, verdict.constraint, what=what):
+            return
         if verdict.state == TrialState.COMPLETE:
             vals = list(verdict.values or ())
-            study.tell(trial, values=vals[0] if len(vals) == 1 else vals)
+            guarded(study.tell, trial, values=vals[0] if len(vals) == 1 else vals, what=what)
         else:
-            study.tell(trial, state=verdict.state)
+            guarded(study.tell, trial, state=verdict.state, what=what)
 
     try:
         retrying(once, f"tell trial {getattr(trial, 'number', trial)}")

@@ -24,6 +24,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
+from sweeps.mlflow_access import HTTP_ENV, denied_status, warn_local_artifacts
 from sweeps.records import TrialRecord, trial_dir
 
 log = logging.getLogger("servesweep.tracking")
@@ -31,9 +32,6 @@ PARENT_ATTR = "mlflow_parent_run_id"
 METRIC_KEYS = ("decode_tok_s", "output_tok_s", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99", "accept_length",
                "speedup_vs_baseline", "e2e_s_p50")
 T = TypeVar("T")
-# MLflow HTTP client settings for a tracking server (env names from mlflow.environment_variables)
-HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-            "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
 OUTAGE_BACKOFF_S = 10.0  # s between sync attempts while MLflow is unreachable
 
 
@@ -47,7 +45,7 @@ def retry(fn: Callable[[], T], what: str, attempts: int = 5, base_delay_s: float
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - MLflow raises many types for a busy/unreachable store
-            if i == attempts - 1:
+            if i == attempts - 1 or denied_status(e):  # a 401/403 stays one
                 raise
             log.debug("%s failed (%s), retrying", what, e)
             time.sleep(base_delay_s * 2**i)
@@ -123,6 +121,7 @@ class Tracker:
                 "create experiment",
             )
         else:
+            warn_local_artifacts(exp, tracking_uri)  # MLflow never changes it: say so, and the fix
             if exp.lifecycle_stage == "deleted":
                 retry(lambda: self.client.restore_experiment(exp.experiment_id), "restore experiment")
             self.experiment_id = exp.experiment_id

@@ -3,9 +3,10 @@ Debian's PostgreSQL 15, an ``mlflow server`` on it (artifacts proxied by the ser
 two-node Ray cluster of ``ray start`` processes (head 127.0.0.2, worker 127.0.0.3, 8 logical
 GPUs each, token authentication on). Everything is stopped by PID, also when a test fails.
 
-Tests marked ``xfail(strict=True, reason="needs driver wiring: ...")`` describe what the
-driver must do once the pieces of sweeps.lease / sweeps.ray_auth are wired in; they fail today
-for exactly that reason, and the lead flips them when wiring."""
+A sweep through all three (trials in PostgreSQL, runs and artifacts in the server, trials on
+both nodes, the ``node`` tag naming the Ray node); refusals before anything is created (Ray
+token auth, MLflow 403, a second driver on a leased study: exit 2 naming the holder); the
+code shipped to a node without the repo; a worker node killed mid-trial."""
 
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 EXPERIMENT = "smoke"  # MLflow experiment = sweep name; studies differ per test
 EMU = ["backend=emulated", "sweep=smoke", "backend.emulator.time_scale=0.002", "bench.repeats=2",
        "bench.warmup_output_len=4"]
-WIRING = "needs driver wiring: "
 
 
 class Team:
@@ -141,13 +141,16 @@ def test_sweep_through_postgres_mlflow_server_and_two_ray_nodes(team, swept):
     assert rc == 0 and "Traceback" not in out, out[-4000:]
     assert "2 trial slot(s) over 2 node(s)" in out, out[-4000:]
     recs = team.records("team-smoke")
-    finished = {f"team-smoke/{r.number}" for r in recs if r.state in ("COMPLETE", "PRUNED", "FAIL")}
-    assert len([r for r in recs if r.launched]) >= 5 and not [r for r in recs if r.state == "RUNNING"]
+    done = [r for r in recs if r.state in ("COMPLETE", "PRUNED", "FAIL")]
+    finished = {f"team-smoke/{r.number}" for r in done if r.launched}  # one child run per launched trial
+    assert len(finished) >= 5 and not [r for r in recs if r.state == "RUNNING"]
     c = MlflowClient(tracking_uri=team.mlflow.url)
     exp = c.get_experiment_by_name(EXPERIMENT)
     runs = c.search_runs([exp.experiment_id], max_results=1000)
     keys = [r.data.tags["trial_key"] for r in runs if r.data.tags.get("trial_key", "").startswith("team-smoke/")]
     assert len(keys) == len(set(keys)) and set(keys) == finished, (sorted(keys), sorted(finished))
+    parent = next(r for r in runs if r.data.tags.get("servesweep.role") == "study" and r.info.run_name == "team-smoke")
+    assert parent.data.metrics["skipped_total"] == len([r for r in done if not r.launched])  # skips: on the parent
 
 
 def _ray_nodes(team) -> dict[str, str]:
@@ -166,8 +169,6 @@ def test_trials_ran_on_both_nodes(team, swept):
     assert used == {nodes["127.0.0.2"][:12], nodes["127.0.0.3"][:12]}, (used, nodes)
 
 
-@pytest.mark.xfail(strict=True, reason=WIRING + "with an HTTP tracking.uri the experiment's artifact location is "
-                   "mlflow-artifacts:/<sweep> (sweeps/tracking.py still sets file://<store>/artifacts)")
 def test_artifacts_go_through_the_server(team, swept):
     c = MlflowClient(tracking_uri=team.mlflow.url)
     exp = c.get_experiment_by_name(EXPERIMENT)
@@ -177,9 +178,9 @@ def test_artifacts_go_through_the_server(team, swept):
 
 
 def test_artifacts_through_the_server_with_an_explicit_location(team, tmp_path):
-    """Today's workaround (docs/team.md step 3): a new experiment created with
-    ``tracking.artifact_location=mlflow-artifacts:/<sweep>``; logs, findings and plots land
-    in the server's --artifacts-destination, not on the driver machine."""
+    """An explicit ``tracking.artifact_location`` (here ``mlflow-artifacts:/<sweep>``, what an
+    HTTP tracking URI gets by default) for a new experiment: logs, findings and plots land in
+    the server's --artifacts-destination, not on the driver machine."""
     log = tmp_path / "sweep.log"
     extra = ["sweep.name=smoke-art", "sweep.budget.trials=3", "tracking.artifact_location=mlflow-artifacts:/smoke-art"]
     rc, out = _wait(team.popen(tmp_path / "store", "team-art", extra, log), log, 240)
@@ -192,8 +193,20 @@ def test_artifacts_through_the_server_with_an_explicit_location(team, tmp_path):
     assert not (tmp_path / "store" / "artifacts").exists() or not any((tmp_path / "store" / "artifacts").rglob("*.log"))
 
 
-@pytest.mark.xfail(strict=True, reason=WIRING + "child runs' node tag is the Ray node the trial ran on "
-                   "(<node ip>/<node id>), not only the node profile")
+def test_report_rebuilds_from_the_postgresql_study(team, swept, tmp_path):
+    """``python -m sweeps.report <study> --storage <url>`` (docs/team.md step 5): the findings
+    from the PostgreSQL study, re-logged to the parent run through the server."""
+    r = subprocess.run([sys.executable, "-m", "sweeps.report", "team-smoke", "--storage", team.pg.url(),
+                        "--store-dir", str(tmp_path / "store"), f"tracking.uri={team.mlflow.url}",
+                        f"tracking.findings_dir={tmp_path / 'findings'}"], cwd=str(REPO), capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0 and "could not log" not in r.stderr, r.stdout[-2000:] + r.stderr[-3000:]
+    doc = tmp_path / "findings" / "team-smoke.md"
+    assert doc.is_file() and f"findings: {doc}" in r.stdout
+    n_launched = len([x for x in team.records("team-smoke") if x.launched])
+    assert n_launched >= 5 and "team-smoke" in doc.read_text()
+
+
 def test_node_tag_names_the_ray_node(team, swept):
     nodes = _ray_nodes(team)
     c = MlflowClient(tracking_uri=team.mlflow.url)
@@ -246,13 +259,13 @@ def test_token_auth_mismatch_is_explained(team, tmp_path):
     assert "RAY_AUTH_MODE=unset" in got["mode unset"]["msg"] and "RAY_AUTH_TOKEN" in got["wrong token"]["msg"]
 
 
-@pytest.mark.xfail(strict=True, reason=WIRING + "sweeps.cluster.start_ray raises RayUnavailable("
-                   "sweeps.ray_auth.explain_init_error(e, address)) when it is not None; nothing is created before")
 def test_sweep_without_the_token_says_ray_auth_mode(team, tmp_path):
     log = tmp_path / "sweep.log"
     rc, out = _wait(team.popen(tmp_path / "store", "team-noauth", [], log, env=_no_auth_env(team, tmp_path)), log, 180)
-    assert rc in (1, 2) and "RAY_AUTH_MODE=token" in out, out[-3000:]
-    assert "team-noauth" not in optuna.get_all_study_names(storage=team.pg.url())
+    assert rc == 1 and "RAY_AUTH_MODE=token" in out and "Traceback" not in out, out[-3000:]
+    assert "team-noauth" not in optuna.get_all_study_names(storage=team.pg.url())  # nothing created
+    c = MlflowClient(tracking_uri=team.mlflow.url)
+    assert not c.search_runs([c.get_experiment_by_name(EXPERIMENT).experiment_id], "attributes.run_name = 'team-noauth'")
 
 
 SHIP_PROBE = """
@@ -332,19 +345,15 @@ def test_basic_auth_server_needs_credentials_and_edit_permission(team, auth_serv
     assert r.status_code == 403, (r.status_code, r.text[:300])  # someone else's experiment: READ only
 
 
-@pytest.mark.xfail(strict=True, reason=WIRING + "a 401/403 from MLflow is a configuration error: exit 2 before any "
-                   "trial, naming the experiment and the permission (EDIT); nothing created before set-up succeeded")
 def test_sweep_without_edit_permission_exits_2_before_any_trial(team, auth_server, tmp_path):
     srv, _, (user, pw) = auth_server
     env = {**team.ray.driver_env(), "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": pw}
     log = tmp_path / "sweep.log"
     rc, out = _wait(team.popen(tmp_path / "store", "team-403", [], log, env=env, uri=srv.url), log, 180)
-    assert rc == 2 and EXPERIMENT in out and "EDIT" in out, out[-3000:]
+    assert rc == 2 and f"experiment {EXPERIMENT!r}" in out and "EDIT" in out and "Traceback" not in out, out[-3000:]
     assert "team-403" not in optuna.get_all_study_names(storage=team.pg.url())
 
 
-@pytest.mark.xfail(strict=True, reason=WIRING + "sweeps.lease.StudyLease acquired before the study is opened "
-                   "(LeaseHeld -> exit 2), keep_alive() while running, release() at the end; guarded() writes")
 def test_two_drivers_on_one_study_neither_crash_nor_rerun(team, tmp_path):
     study, extra = "team-two", ["bench.output_len=150", "sweep.budget.trials=4"]
     a = team.popen(tmp_path / "a", study, extra, tmp_path / "a.log")
@@ -353,10 +362,13 @@ def test_two_drivers_on_one_study_neither_crash_nor_rerun(team, tmp_path):
         rc_b, out_b = _wait(team.popen(tmp_path / "b", study, extra, tmp_path / "b.log"), tmp_path / "b.log", 180)
     finally:
         rc_a, out_a = _wait(a, tmp_path / "a.log", 240)
-    assert rc_b == 2 and f"pid {a.pid}" in out_b and " since " in out_b, out_b[-3000:]
-    assert rc_a == 0, out_a[-3000:]
+    assert rc_b == 2 and f"pid {a.pid}" in out_b and " since " in out_b and "Traceback" not in out_b, out_b[-3000:]
+    assert not (tmp_path / "b" / "trials").exists()  # refused before it ran or wrote anything
+    assert rc_a == 0 and "Traceback" not in out_a, out_a[-3000:]
     recs = team.records(study)
     assert all(r.attempts <= 1 and r.status != "infra_error" for r in recs), [(r.number, r.status, r.attempts) for r in recs]
+    launched = [R.config_key(r.params) for r in recs if r.launched]
+    assert len(launched) == len(set(launched)) == 4, launched  # no finished config ran twice
 
 
 def test_worker_node_killed_mid_trial_reruns_on_the_head(team, tmp_path):

@@ -61,12 +61,13 @@ def launch_command(argv: list[str], env: dict[str, str]) -> str:
 
 
 def node_name() -> str:
-    """``<hostname>/<Ray node id prefix>`` inside Ray, else the hostname."""
+    """The Ray node the trial runs on, ``<node ip>/<node id, first 12 hex>`` (the address and
+    id ``ray status`` / ``ray.nodes()`` show; nodes of one host differ by IP), else the hostname."""
     try:
         import ray
 
         if ray.is_initialized():
-            return f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
+            return f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:12]}"
     except Exception:  # noqa: BLE001 - outside Ray, or an old Ray: the hostname is enough
         pass
     return socket.gethostname()

@@ -1,0 +1,105 @@
+"""Whether this driver may write to its MLflow experiment, checked before anything is created,
+and what an experiment's artifact location means for a team.
+
+A tracking server with authentication (``mlflow server --app-name basic-auth``) answers
+401 (no or wrong credentials) or 403 (no EDIT permission on the experiment: creating runs,
+logging metrics, tags and artifacts all need EDIT; READ is the server's usual default).
+Either is a configuration error: :func:`check_access` raises :class:`MlflowDenied` (the
+driver exits 2) before the study or the parent run exist. An unreachable server is not:
+the sweep goes on and syncs later (:mod:`sweeps.tracking`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger("servesweep.tracking")
+
+# MLflow HTTP client settings for a tracking server (env names from mlflow.environment_variables):
+# its defaults retry 7 times with backoff factor 2 (minutes), which would stall a sweep in an outage
+HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+            "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
+#: MLflow's error codes for HTTP 401 / 403 (mlflow.protos.databricks_pb2, get_error_code)
+_DENIED = {"UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403}
+KIND_TAG = ("mlflow.experimentKind", "custom_model_development")  # the tag the Tracker sets (a no-op rewrite)
+
+
+class MlflowDenied(RuntimeError):
+    """MLflow refused this driver (401/403): names the experiment and the permission needed."""
+
+
+def is_http(uri: str | None) -> bool:
+    """True for a tracking server URI (``http://`` / ``https://``)."""
+    return bool(uri) and str(uri).startswith(("http://", "https://"))
+
+
+def denied_status(e: BaseException) -> int | None:
+    """401 or 403 when ``e`` (an MLflow client error) is an authentication/permission refusal, else None."""
+    code = getattr(e, "error_code", None)
+    if code in _DENIED:
+        return _DENIED[code]
+    text = str(e)
+    return next((s for s in (401, 403) if f"error code {s} " in text), None)
+
+
+def denied_message(status: int, uri: str, experiment: str) -> str:
+    """What to do about a 401/403 from the server at ``uri`` for ``experiment``."""
+    who = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    if status == 401:
+        return (f"MLflow at {uri} rejected this driver's credentials (401) for experiment {experiment!r} "
+                f"(MLFLOW_TRACKING_USERNAME={who or 'unset'}): set MLFLOW_TRACKING_USERNAME and "
+                f"MLFLOW_TRACKING_PASSWORD to a user with EDIT permission on the experiment. Nothing was started.")
+    return (f"MLflow at {uri} denied user {who or '?'} EDIT permission on experiment {experiment!r} (403): a sweep "
+            f"creates runs and logs metrics and artifacts, which needs EDIT. Ask the experiment's owner or an admin "
+            f"to grant EDIT (POST /api/2.0/mlflow/experiments/permissions/create with permission=EDIT), use a user "
+            f"that has it, or run under another sweep.name (a new experiment: its creator gets MANAGE). "
+            f"Nothing was started.")
+
+
+def check_access(uri: str, experiment: str) -> None:
+    """Before anything is created: may this driver write to ``experiment`` on the server at ``uri``?
+
+    Reads the experiment and rewrites the tag the :class:`~sweeps.tracking.Tracker` sets on
+    it (same value: changes nothing), which needs EDIT. A missing experiment is not probed
+    (its creator gets MANAGE on it). Local stores (SQLite, files) have no permissions.
+
+    Raises:
+        MlflowDenied: 401 or 403. An outage is only logged (the sweep syncs later).
+    """
+    if not is_http(uri):
+        return
+    for k, v in HTTP_ENV.items():
+        os.environ.setdefault(k, v)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is not None and exp.lifecycle_stage == "active":
+            client.set_experiment_tag(exp.experiment_id, *KIND_TAG)
+    except Exception as e:  # noqa: BLE001 - MLflow raises MlflowException / requests errors
+        status = denied_status(e)
+        if status is not None:
+            raise MlflowDenied(denied_message(status, uri, experiment)) from None
+        log.warning("MLflow at %s unreachable (%s); the sweep goes on and syncs later", uri, str(e).splitlines()[0][:200])
+
+
+def warn_local_artifacts(exp: Any, uri: str) -> bool:
+    """Warn when an existing experiment under a tracking server stores artifacts on a local
+    path (``file:`` or a bare path: a disk of the machine that created it), which the other
+    machines of a team cannot read. MLflow never changes an experiment's artifact location.
+
+    Returns:
+        True when it warned.
+    """
+    loc = str(getattr(exp, "artifact_location", "") or "")
+    if not is_http(uri) or not (loc.startswith("file:") or loc.startswith("/")):
+        return False
+    log.warning("experiment %r keeps its artifacts at %s, a path on the machine that created it, although MLflow is "
+                "the server %s: other machines cannot read the trials' logs, findings and plots. MLflow never changes "
+                "an experiment's artifact location. Fix: run under a new sweep.name=<name> (a new experiment, whose "
+                "artifacts go through the server: mlflow-artifacts:/<name>), or rename this experiment in MLflow so "
+                "the next run creates it anew.", exp.name, loc, uri)
+    return True

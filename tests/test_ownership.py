@@ -1,0 +1,124 @@
+"""The driver's wiring of the study lease, MLflow's permission and artifacts (fast, in process):
+a second driver from another store dir on a leased study is refused before it writes anything;
+a driver that loses its lease mid-sweep stops without writing its running trial; the lease is
+released after a sweep; 401/403 are told apart from outages; an HTTP tracking URI sends
+artifacts through the server; a local artifact location under a server is warned about."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from types import SimpleNamespace
+
+import optuna
+import pytest
+import sqlalchemy as sa
+from mlflow.exceptions import MlflowException, get_error_code
+
+from sweeps import lease as L
+from sweeps import mlflow_access as M
+from sweeps import ownership
+from sweeps.config import load_spec
+from sweeps.inprocess import InProcessDriver, run_in_process
+from sweeps.lifecycle import execute
+from sweeps.study import SweepError
+from tests.conftest import compose_cfg
+
+
+def _spec(store, storage, trials=3, extra=()):
+    return load_spec(compose_cfg(["backend=instant", "sweep=smoke", "sweep.budget.wall_time_s=null",
+                                  f"sweep.budget.trials={trials}", "sweep.confirm.top_k=0", "study_name=shared",
+                                  f"tracking.optuna_storage={storage}", f"tracking.store_dir={store}",
+                                  f"tracking.findings_dir={store / 'findings'}", *extra]))
+
+
+def test_a_second_driver_from_another_store_is_refused_before_writing(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    a = InProcessDriver(_spec(tmp_path / "a", storage), "shared")
+    a.setup()
+    try:
+        n_trials = len(a.study.trials)
+        b = InProcessDriver(_spec(tmp_path / "b", storage), "shared")
+        with pytest.raises(L.LeaseHeld) as e:
+            execute(b)  # the file lock of b's store dir is free: only the lease stops it
+        assert isinstance(e.value, ownership.REFUSALS)
+        assert " since " in str(e.value) and "pid " in str(e.value)
+        assert not hasattr(b, "study") and not hasattr(b, "executor")  # refused before Ray, the study, MLflow
+        assert len(optuna.load_study(study_name="shared", storage=storage).trials) == n_trials
+        assert L.StudyLease(storage, "shared").holder().holder_id == a.hold.lease.holder_id  # a's lease intact
+    finally:
+        a.release()
+    assert L.StudyLease(storage, "shared").holder() is None
+
+
+def test_a_finished_sweep_releases_its_lease(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    drv = run_in_process(_spec(tmp_path / "a", storage, trials=2), "shared")
+    assert drv.launched == 2 and L.StudyLease(storage, "shared").holder() is None
+    again = run_in_process(_spec(tmp_path / "b", storage, trials=3), "shared")  # another store dir resumes it
+    assert again.launched == 3
+
+
+def test_a_driver_that_loses_its_lease_stops_without_writing(tmp_path, monkeypatch):
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    monkeypatch.setattr(ownership, "StudyLease", functools.partial(L.StudyLease, ttl_s=0.6))  # renewed every 0.15 s
+    engine = sa.create_engine(storage)
+    taken = []
+
+    def take_over(args):
+        if args[0].trial_number == 1 and not taken:  # what another driver's takeover does to the row
+            with engine.begin() as c:
+                c.execute(sa.text(f"UPDATE {L.TABLE} SET holder_id = 'other' WHERE study_name = 'shared'"))
+            taken.append(time.monotonic())
+            time.sleep(0.6)  # the keeper notices at its next renewal
+        return None
+
+    drv = InProcessDriver(_spec(tmp_path / "a", storage, trials=5), "shared", task_hook=take_over)
+    with pytest.raises(SweepError, match="taken over by another driver.*stopped without writing its 1 running"):
+        execute(drv)
+    trials = optuna.load_study(study_name="shared", storage=storage).trials
+    assert trials[0].state.is_finished() and trials[1].state == optuna.trial.TrialState.RUNNING
+    assert "record" not in trials[1].user_attrs and "status" not in trials[1].user_attrs
+    with engine.connect() as c:  # the new holder's row is left alone
+        assert c.execute(sa.text(f"SELECT holder_id FROM {L.TABLE}")).scalar_one() == "other"
+    engine.dispose()
+
+
+def test_http_tracking_sends_artifacts_through_the_server(tmp_path):
+    local = _spec(tmp_path, "sqlite:///x.db")
+    assert local.artifact_location == (tmp_path / "artifacts").as_uri()
+    served = _spec(tmp_path, "sqlite:///x.db", extra=["tracking.uri=http://127.0.0.1:5000"])
+    assert served.artifact_location == "mlflow-artifacts:/smoke"
+    explicit = _spec(tmp_path, "sqlite:///x.db", extra=["tracking.uri=http://127.0.0.1:5000",
+                                                        "tracking.artifact_location=s3://bucket/smoke"])
+    assert explicit.artifact_location == "s3://bucket/smoke"
+
+
+def test_401_403_are_refusals_and_an_outage_is_not(monkeypatch, caplog):
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "reader")
+    for k, v in M.HTTP_ENV.items():  # what check_access sets, restored after the test
+        monkeypatch.setenv(k, v)
+    body = "API request to endpoint /api/2.0/mlflow/experiments/set-experiment-tag failed with error code 403 != 200."
+    # what MLflow's REST client raises for a 403 / 401 (mlflow.utils.rest_utils: get_error_code(status))
+    assert M.denied_status(MlflowException(body, error_code=get_error_code(403))) == 403
+    assert M.denied_status(MlflowException("x", error_code=get_error_code(401))) == 401
+    assert M.denied_status(RuntimeError(body)) == 403
+    assert M.denied_status(ConnectionError("Connection refused")) is None
+    msg = M.denied_message(403, "http://mlflow:5000", "smoke")
+    assert "'smoke'" in msg and "EDIT" in msg and "reader" in msg
+    assert "MLFLOW_TRACKING_PASSWORD" in M.denied_message(401, "http://mlflow:5000", "smoke")
+    M.check_access("sqlite:///x.db", "smoke")  # local stores have no permissions: nothing asked
+    with caplog.at_level(logging.WARNING, logger="servesweep.tracking"):
+        M.check_access("http://127.0.0.1:9", "smoke")  # nothing listens on port 9: an outage, not a refusal
+    assert "unreachable" in caplog.text
+
+
+def test_a_local_artifact_location_under_a_server_is_warned_about(caplog):
+    exp = SimpleNamespace(name="smoke", artifact_location="file:///home/a/servesweep/mlflow/artifacts")
+    with caplog.at_level(logging.WARNING, logger="servesweep.tracking"):
+        assert M.warn_local_artifacts(exp, "http://mlflow:5000")
+    assert "never changes" in caplog.text and "sweep.name=" in caplog.text
+    assert not M.warn_local_artifacts(exp, "sqlite:///x.db")
+    assert not M.warn_local_artifacts(SimpleNamespace(name="s", artifact_location="mlflow-artifacts:/s"),
+                                      "http://mlflow:5000")
