@@ -1,0 +1,47 @@
+"""Progress: the ETA comes from measured launched-trial times (median x launches left per
+slot, the confirmation's launches included); every confirmation launch prints a line."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweeps.config import load_spec
+from sweeps.inprocess import InProcessDriver
+from sweeps.progress import Progress, eta_s
+from sweeps.records import TrialRecord
+from tests.conftest import compose_cfg
+
+
+def test_eta_is_median_trial_time_times_launches_left_per_slot():
+    assert eta_s([10.0, 20.0, 300.0], left=4, running=0, slots=2) == pytest.approx(20.0 * 2)
+    assert eta_s([10.0, 20.0, 300.0], left=4, running=1, slots=2) == pytest.approx(20.0 * 2.5)
+
+
+def test_status_line_eta_counts_skips_as_free_and_adds_the_confirmation():
+    recs = [TrialRecord(number=i, state="COMPLETE", params={}, status="ok", metrics={"decode_tok_s": 80.0 + i},
+                        timings={"wall_s": w}) for i, w in enumerate((100.0, 120.0, 140.0))]
+    recs += [TrialRecord(number=9, state="PRUNED", params={}, status="skipped", skipped_by_rule="1")]
+    p = Progress("s", budget_trials=10)
+    p.slots, p.confirm_launches = 1, 4
+    line = p.status_line(recs, running=0, t_start=0.0)
+    # 7 launches left + 4 confirmation launches, 120 s each (the median; the skip costs nothing)
+    assert line.endswith(f"ETA {120 * 11:.0f} s"), line
+
+
+def test_every_confirmation_launch_prints_a_line(tmp_path):
+    store = tmp_path / "store"
+    spec = load_spec(compose_cfg(["backend=instant", "sweep=smoke", "sweep.budget.trials=4", "sweep.confirm.top_k=2",
+                                  "sweep.confirm.repeats=2", f"tracking.store_dir={store}",
+                                  f"tracking.findings_dir={store / 'findings'}"]))
+    drv = InProcessDriver(spec)
+    lines: list[str] = []
+    drv.progress.event = lines.append  # type: ignore[method-assign]
+    drv.setup()
+    drv.loop()
+    drv.finish()
+    conf = drv.study.user_attrs["confirmation"]
+    confirm = [x for x in lines if x.startswith("confirm ")]
+    total = conf["repeats"] * len(conf["entries"])
+    assert len(confirm) == total >= 4
+    assert confirm[-1].startswith(f"confirm {total}/{total} t")
+    assert all("tok/s" in x or "failed" in x for x in confirm), confirm
