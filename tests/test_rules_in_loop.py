@@ -132,10 +132,18 @@ def test_campaign_through_ray_and_mlflow(fast_tmp):
 
     c = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
     exp = c.get_experiment_by_name("eagle3_allreduce")
-    runs = c.search_runs([exp.experiment_id], filter_string="tags.status = 'skipped'", max_results=2000)
-    by_rule = [x for x in runs if x.data.tags.get("skipped_by_rule", "").isdigit()]
-    assert by_rule and all(x.data.metrics.get("gpu_s") == 0.0 for x in by_rule)
-    assert all(x.data.tags.get("failure_class") for x in by_rule)
+    # rule skips are not runs: they are counted on the parent and listed in skipped.csv
+    assert not c.search_runs([exp.experiment_id], filter_string="tags.status = 'skipped'", max_results=2000)
+    parent = c.search_runs([exp.experiment_id], filter_string="tags.`servesweep.role` = 'study'")[0]
+    recs = R.load_records(study)
+    by_rule = [r for r in recs if not r.launched and str(r.skipped_by_rule or "").isdigit()]
+    assert by_rule and parent.data.metrics["skipped_rule"] == len(by_rule)
+    import csv
+
+    table = Path(c.download_artifacts(parent.info.run_id, "skipped.csv", str(fast_tmp)))
+    rows = [x for x in csv.DictReader(table.open()) if x["reason"] == "rule"]
+    assert sorted(int(x["trial"]) for x in rows) == sorted(r.number for r in by_rule)
+    assert all(x["failure_class"] for x in rows)
 
 
 # ---------------------------------------------------------------------------------------
