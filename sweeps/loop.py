@@ -304,7 +304,7 @@ class Driver:
             R.A_FAILURE_KIND: res.failure_kind, R.A_SIGNATURE: res.failure_signature, R.A_PHASE: res.phase,
             R.A_PERF_TAGS: res.perf_tags, R.A_LAUNCH: res.launch_command, R.A_FINGERPRINT: res.fingerprint,
             R.A_NODE: res.node, R.A_ATTEMPTS: f.attempt, R.A_LOG_TAIL: res.log_tail[-4000:],
-            R.A_TIMINGS: {"startup_s": res.startup_s, "bench_s": res.bench_s, "gpu_s": res.gpu_s, "wall_s": res.wall_s},
+            R.A_TIMINGS: res.timings(),
         }
         guarded(write_outcome, t, attrs, f"trial {t.number}", what=f"record of trial {t.number}")  # see record_io
         verdict = S.verdict_for(res.status, failure_kind=res.failure_kind, metrics=metrics,

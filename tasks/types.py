@@ -150,7 +150,8 @@ class TrialResult:
         server_log: the whole redacted server log, capped at 1 MiB.
         launch_command: the redacted, shell-quoted launch command with its env.
         bench: raw per-request benchmark records (JSON-able).
-        startup_s: launch -> healthy, s.  bench_s: warmup + measurement, s.
+        startup_s: launch -> healthy, s.  warmup_s: healthy -> first generation served, s
+        (tasks.readiness).  bench_s: benchmark warm-up requests + measurement, s.
         gpu_s: GPU-seconds held = wall time holding the GPUs × ``gpus``.
         wall_s: whole task wall time, s.
         fingerprint: environment fingerprint (GPU arch, driver, CUDA, NCCL, torch, SGLang, FlashInfer).
@@ -170,6 +171,7 @@ class TrialResult:
     launch_command: str = ""
     bench: list[dict[str, Any]] = field(default_factory=list)
     startup_s: float = 0.0
+    warmup_s: float = 0.0
     bench_s: float = 0.0
     gpu_s: float = 0.0
     wall_s: float = 0.0
@@ -180,3 +182,8 @@ class TrialResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def timings(self) -> dict[str, float]:
+        """``startup_s``, ``warmup_s``, ``bench_s``, ``gpu_s``, ``wall_s`` (s): the stored timings."""
+        return {"startup_s": self.startup_s, "warmup_s": self.warmup_s, "bench_s": self.bench_s,
+                "gpu_s": self.gpu_s, "wall_s": self.wall_s}

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from tasks import trial_load
 from tasks.bench import BenchError
 from tasks.failures import KIND, classify
+from tasks.readiness import ensure_serving, is_http_5xx
 from tasks.redact import redact_argv, redact_env, redact_text
 from tasks.server import LifecycleError, ServerProcess, launched_server, port_is_free, reserve_ports
 from tasks.types import BenchSpec, TrialResult, TrialSpec
@@ -104,7 +105,8 @@ def _failure(res: TrialResult, log: str, exit_code: int | None, phase: str, harn
     cls, sig = c.failure_class, c.signature
     # a server_crash the log names (a decisive line, e.g. vLLM's EngineDeadError under an API
     # server that then exits 0) outranks the harness's view; the exit-code fallback does not
-    generic = cls in ("unknown", "startup_timeout") or (cls == "server_crash" and not c.line)
+    # bench_stall is only ever the phase fallback (no signature row names it): the harness knows better
+    generic = cls in ("unknown", "startup_timeout", "bench_stall") or (cls == "server_crash" and not c.line)
     if harness_class and (generic or c.kind == "perf"):
         cls = harness_class
         sig = sig or harness_class
@@ -138,6 +140,8 @@ def _measure(backend: Backend, srv: ServerProcess, spec: TrialSpec, res: TrialRe
         rc = srv.returncode() if e.kind == "stall" else srv.wait_exit(2.0)
         if rc is None and e.kind == "stall":
             raise LifecycleError(str(e), "bench", "bench_stall") from None
+        if rc is None and is_http_5xx(e):  # the server answered with an error: transient, retried once
+            raise LifecycleError(str(e), "bench", "server_http_error") from None
         if rc is None:
             raise LifecycleError(str(e), "bench", "server_crash") from None
         raise LifecycleError(str(e), "bench", "early_exit" if rc == 0 else "server_crash", rc) from None
@@ -167,7 +171,8 @@ def _serve_and_measure(backend: Backend, spec: TrialSpec, argv: list[str], env: 
         with launched_server(full, env, log_path, base_url, spec.timeouts, spec.container_name,
                              health_path=backend.health_path) as srv:
             res.startup_s = srv.wait_healthy()
-            if not spec.probe:  # a probe only has to reach ready
+            if not spec.probe:  # a probe only has to reach ready; a trial must also serve one generation
+                res.warmup_s = ensure_serving(base_url, backend.engine, spec.timeouts.startup_s - res.startup_s)
                 _measure(backend, srv, spec, res)
         if not port_is_free(ports[0]):
             time.sleep(1.0)

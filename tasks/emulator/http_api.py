@@ -87,6 +87,9 @@ class HttpApi:
         """SGLang's native ``/generate`` (``input_ids`` or ``text``; stream or not)."""
         if not self.s.ready:
             return web.json_response({"error": "server not ready"}, status=503)
+        if self.s.fault == "http_503_once" and not getattr(self.s, "sent_503", False):  # right after green health
+            self.s.sent_503 = True
+            return web.json_response({"error": "emulated fault http_503_once"}, status=503)
         body = await self._json_body(request)
         bad = contract_error(body)
         if bad is not None:

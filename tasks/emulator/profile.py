@@ -37,6 +37,7 @@ DEFAULT_MODEL_YAML = REPO_ROOT / "conf" / "model" / "kimi_k25_eagle3.yaml"
 FAULTS = (
     "crash_startup", "hang_startup", "crash_bench", "stall_bench", "early_exit",
     "late_bind", "ignore_sigterm", "corrupt_tokens", "orphan_children", "detach_helper",
+    "http_503_once",
 )
 
 RUNTIME_DEFAULTS: dict[str, Any] = {
