@@ -146,6 +146,8 @@ def test_break_even_acceptance_next_to_the_measured_one(tmp_path):
             "11.2 ms/token) — 1.66× short; unreachable with this shape (at most 4 per cycle)") in text
     lost = next(line for line in text.splitlines() if line.startswith("- `speculative=eagle3`"))
     assert "acceptance 2.90 vs 4.82 needed to break even" in lost
+    dead = next(line for line in text.splitlines() if "speculative decoding never beat the baseline" in line)
+    assert "its verify cycle takes 54.0 ms against 11.2 ms per plain token, so it needs acceptance 4.82 and measured 2.90" in dead
 
 
 def test_next_steps_ties_rechecks_and_plot_links(tmp_path):

@@ -9,6 +9,7 @@ from typing import Any
 
 import sweeps.findings.measure as M
 from sweeps import records as R
+from sweeps.findings.break_even import baseline_ms_per_token, break_even
 from sweeps.findings.context import Context
 from sweeps.findings.evidence import decisive_line, degraded_line
 from sweeps.findings.text import cfg, code, fmt, trials
@@ -74,9 +75,11 @@ def degraded_lines(recs: Sequence[R.TrialRecord], obj: Objective | None = None) 
     return out
 
 
-def speculative_lines(recs: Sequence[R.TrialRecord], base: float | None, obj: Objective | None = None) -> list[str]:
+def speculative_lines(recs: Sequence[R.TrialRecord], base: float | None, obj: Objective | None = None,
+                      conf: dict[str, Any] | None = None) -> list[str]:
     """An entry when every speculative config that ran was worse than the baseline on the
-    objective (default decode_tok_s)."""
+    objective (default decode_tok_s), with its best trial's break-even acceptance
+    (:mod:`sweeps.findings.break_even`)."""
     obj = obj or Objective()
     spec_ok = [r for r in recs if M.value_of(r, obj) is not None and r.duplicate_of is None
                and r.params.get("speculative") not in (None, "none") and R.counts_for_level(r)]
@@ -90,8 +93,17 @@ def speculative_lines(recs: Sequence[R.TrialRecord], base: float | None, obj: Ob
     return [f"- **speculative decoding never beat the baseline** (spec_decode_no_speedup): best "
             f"{M.value_text(v, obj)} = {obj.ratio(v, base):.2f}x in t{b.number} ({cfg(b.params)}); "
             f"{len(spec_ok)} trials, acceptance length {min(acc):.2f}–{max(acc):.2f}; "
-            f"ITL p99 {fmt(b.metrics.get('itl_ms_p99'))} ms vs p50 {fmt(b.metrics.get('itl_ms_p50'))} ms "
-            "(each verify cycle costs far more than one plain step)"]
+            + _break_even_text(recs, b, conf, obj)]
+
+
+def _break_even_text(recs: Sequence[R.TrialRecord], b: R.TrialRecord, conf: dict[str, Any] | None, obj: Objective) -> str:
+    base_ms = baseline_ms_per_token(recs, conf, obj)
+    be = break_even(b, base_ms) if base_ms else None
+    if be is None:
+        return (f"ITL p99 {fmt(b.metrics.get('itl_ms_p99'))} ms vs p50 {fmt(b.metrics.get('itl_ms_p50'))} ms "
+                "(each verify cycle costs far more than one plain step)")
+    return (f"its verify cycle takes {fmt(be.cycle_ms)} ms against {fmt(be.base_ms)} ms per plain token, so it needs "
+            f"acceptance {fmt(be.needed, 2)} and measured {fmt(be.accept, 2)} (see the break-even section)")
 
 
 def mismatch_lines(conf: dict[str, Any] | None) -> list[str]:
@@ -118,7 +130,7 @@ def earlier_rule_lines(ctx: Context, seen_classes: set[str]) -> list[str]:
 def dead_ends_section(ctx: Context, recs: Sequence[R.TrialRecord], base: float | None) -> list[str]:
     """The "Dead ends" section (or "None found yet.")."""
     failures, seen = failure_lines(ctx, recs)
-    out = failures + degraded_lines(recs, ctx.objective) + speculative_lines(recs, base, ctx.objective)
+    out = failures + degraded_lines(recs, ctx.objective) + speculative_lines(recs, base, ctx.objective, ctx.confirmation)
     out += mismatch_lines(ctx.confirmation)
     out += earlier_rule_lines(ctx, seen)
     return ["### Dead ends", "", *(out or ["None found yet."]), ""]
