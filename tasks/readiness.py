@@ -5,8 +5,9 @@ still warming up, a first request that compiles kernels, a front end that return
 503 right after startup). The lifecycle therefore sends one tiny real generation after
 health is green, retrying HTTP 5xx and connection errors with exponential backoff until
 the startup deadline; the time it takes is the trial's ``warmup_s`` (not hidden in
-``bench_s``). A 4xx (a request the server rejects) is not retried: it is the config's or
-the client's fault and surfaces from the benchmark with its message.
+``bench_s``). A 4xx answer means the server is up and parsing requests (the probe request
+itself may not suit a given engine version): ready, and the benchmark's own requests
+surface any real rejection with its message.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def first_generation(base_url: str, engine: str, deadline_s: float, request_time
     Returns:
         the seconds it took (the trial's ``warmup_s``).
     Raises:
-        NotServing: still failing at the deadline, or a 4xx answer.
+        NotServing: still failing (5xx, connection errors) at the deadline.
     """
     if engine not in _REQUESTS:
         return 0.0
@@ -62,6 +63,8 @@ def first_generation(base_url: str, engine: str, deadline_s: float, request_time
                 with attempt:
                     once()
         except httpx.HTTPStatusError as e:
+            if e.response.status_code < 500:
+                return time.monotonic() - t0
             raise NotServing(f"health was green but {path} answered HTTP {e.response.status_code} "
                              f"({e.response.text[:200]}) for {time.monotonic() - t0:.1f} s") from None
         except httpx.TransportError as e:
