@@ -152,3 +152,46 @@ def test_report_uploads_the_changed_artifacts_again(swept):
     confirms = [x for x in runs if _tags(x).get("servesweep.role") == "confirmation"]
     conf = drv.study.user_attrs["confirmation"]
     assert len(confirms) == conf["repeats"] * len(conf["entries"]), "the report duplicated confirmation runs"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_real_driver_emulated_smoke_through_ray_reads_back_true(tmp_path):
+    """``run_sweep.py backend=emulated sweep=smoke`` (Ray, emulated SGLang servers), then MLflow
+    served over the sweep's store: the same truths through the REST API."""
+    import os
+    import subprocess
+    import sys
+
+    import optuna
+
+    from tests.conftest import REPO
+
+    store = tmp_path / "store"
+    args = ["backend=emulated", "sweep=smoke", f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]
+    r = subprocess.run([sys.executable, str(REPO / "run_sweep.py"), *args], cwd=str(tmp_path), capture_output=True,
+                       text=True, timeout=800, env={**os.environ, "RAY_ADDRESS": "local"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "python -m sglang.launch_server --model-path" in r.stdout
+    study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}")
+    recs = R.load_records(study)
+    server = MlflowServer(store, _free_port())  # serves the sweep's own store (file:// artifacts under it)
+    server.start()
+    try:
+        api = httpx.Client(base_url=server.url + "/api/2.0/mlflow", timeout=30)
+        exp = api.get("/experiments/get-by-name", params={"experiment_name": "smoke"}).json()["experiment"]
+        runs = api.post("/runs/search", json={"experiment_ids": [exp["experiment_id"]], "max_results": 1000}).json()["runs"]
+        parent = next(x for x in runs if _tags(x).get("servesweep.role") == "study")
+        kids = [x for x in runs if _tags(x).get("mlflow.parentRunId") == parent["info"]["run_id"]]
+        assert len(kids) == sum(x.launched for x in recs)
+        print(f"\n{len(kids)} child runs, {sum(x.launched for x in recs)} launched, {len(recs)} proposals, "
+              f"{len(runs) - len(kids) - 1} confirmation runs")
+        by_n = {x.number: x for x in recs}
+        assert all((k["info"]["status"] == "FAILED") == (by_n[int(_tags(k)["trial_number"])].status
+                                                         in ("failed", "infra_error")) for k in kids)
+        assert "confirmed_decode_tok_s" in _metrics(parent) and "confirmed_decode_tok_s_ci_low" in _metrics(parent)
+        got = httpx.get(f"{server.url}/get-artifact", params={"path": "smoke.md", "run_uuid": parent["info"]["run_id"]},
+                        timeout=30)
+        assert got.content == (store / "findings" / "smoke.md").read_bytes()
+    finally:
+        server.stop()
