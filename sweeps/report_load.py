@@ -108,13 +108,20 @@ def speedup_figure(recs: Sequence[R.TrialRecord]) -> Any | None:
     return fig
 
 
+def _identity_names(study: Any) -> list[str]:
+    """Objective names from the study's identity (``"a maximize, b minimize"``, sweeps.study),
+    for a study whose metric names Optuna does not hold."""
+    text = str((study.user_attrs.get("identity") or {}).get("objective", ""))
+    return [part.split()[0] for part in text.split(",") if part.split()]
+
+
 def write_load_plots(study: Any, recs: Sequence[R.TrialRecord], out_dir: Path,
                      slo: dict[str, float] | None = None) -> list[Path]:
     """Write whichever of the three plots the records support into ``out_dir``; their paths.
     ``study``: the Optuna study (its metric names and directions give the Pareto axes)."""
     import optuna
 
-    names = list(getattr(study, "metric_names", None) or [])
+    names = list(getattr(study, "metric_names", None) or []) or _identity_names(study)
     dirs = ["minimize" if d == optuna.study.StudyDirection.MINIMIZE else "maximize" for d in study.directions]
     figs = {"throughput_latency_curves.png": curves_figure(recs, slo),
             "pareto_front.png": pareto_figure(recs, names, dirs) if len(dirs) > 1 else None,
@@ -125,6 +132,7 @@ def write_load_plots(study: Any, recs: Sequence[R.TrialRecord], out_dir: Path,
         if fig is None:
             continue
         plt = plt or _plt()
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
         path = Path(out_dir) / name
         fig.savefig(path, dpi=110)
         plt.close(fig)

@@ -14,7 +14,7 @@ import pytest
 from tasks.bench import record_from_events
 from tasks.emulator.testing import baseline_flags, emulated_servers
 from tasks.load_client import Target, run_level
-from tasks.trial_load import curve_metrics, derived_metrics
+from tasks.trial_load import curve_metrics, derived_metrics, run_load
 from tasks.types import BenchSpec, LoadSearchSpec, SloSpec, Timeouts, TrialSpec
 from tasks.workloads import parse_workload
 from tests.test_lifecycle import NCCL, base, leftovers_of  # noqa: F401 - base is a fixture
@@ -54,6 +54,14 @@ def test_open_loop_sends_at_arrival_times(server):
     assert m["offered_rate_req_s"] == 4.0 and m["completed"] == 8
 
 
+def test_concurrency_levels_are_keyed_by_concurrency(server):
+    bench = BenchSpec(workload={**CLOSED, "num_requests": 8}, concurrency_levels=(1, 4))
+    m, arts = run_load(server.base_url, "sglang", bench)
+    assert {"output_tok_s_c1", "output_tok_s_c4", "tpot_ms_p50_c4", "ttft_ms_p50_c1"} <= set(m)
+    assert m["output_tok_s_c4"] > 1.5 * m["output_tok_s_c1"]  # 4 streams batch: more tokens per second
+    assert [lv["concurrency"] for lv in arts[0]["levels"]] == [1, 4]
+
+
 def test_deadline_bounds_a_level(server):
     w = parse_workload({**CLOSED, "num_requests": 6, "output_len": 400, "arrival": {"kind": "closed", "concurrency": 1}})
     t0 = time.monotonic()
@@ -83,7 +91,7 @@ def test_derived_and_curve_metrics():
     assert "cost_usd_per_mtok" not in derived_metrics({"output_tok_s": 10.0}, 1)
     c = curve_metrics({"levels": [{"rate_req_s": 1.0, "met": True, "metrics": {"ttft_ms_p99": 5.0}},
                                   {"rate_req_s": 2.0, "met": False, "metrics": {"ttft_ms_p99": math.inf}}]})
-    assert c["load_rate_req_s@L1"] == 2.0 and c["load_met@L0"] == 1.0 and c["load_ttft_ms_p99@L0"] == 5.0
+    assert c["load_rate_req_s_L1"] == 2.0 and c["load_met_L0"] == 1.0 and c["load_ttft_ms_p99_L0"] == 5.0
 
 
 CHAT = {"num_requests": 10, "arrival": {"kind": "poisson", "rate_req_s": 1.0},
@@ -112,7 +120,7 @@ def test_load_search_in_an_emulated_server_trial(base, tmp_path):  # noqa: F811
         assert k in m, k
     curve = next(r["load"] for r in res.bench if "load" in r)["levels"]
     assert len(curve) == 3 and [lv["rate_req_s"] for lv in curve] == sorted(lv["rate_req_s"] for lv in curve)
-    assert m["load_rate_req_s@L0"] == curve[0]["rate_req_s"]
+    assert m["load_rate_req_s_L0"] == curve[0]["rate_req_s"]
     assert leftovers_of(tmp_path) == []
 
 

@@ -108,6 +108,9 @@ def test_plots_exist_with_axis_labels(tmp_path):
     assert sorted(p.name for p in paths) == ["pareto_front.png", "speculative_speedup_by_concurrency.png",
                                              "throughput_latency_curves.png"]
     assert all(p.stat().st_size > 5000 for p in paths)
+    named_by_identity = optuna.create_study(directions=["maximize", "maximize"])  # as the driver leaves it
+    named_by_identity.set_user_attr("identity", {"objective": "output_tok_s_per_gpu maximize, tok_s_per_user maximize"})
+    assert "pareto_front.png" in [p.name for p in write_load_plots(named_by_identity, recs, tmp_path / "id")]
     single = optuna.create_study(direction="maximize")
     assert [p.name for p in write_load_plots(single, recs[2:], tmp_path / "none")] == []
 
