@@ -6,6 +6,7 @@ import signal
 import sys
 from typing import Any
 
+from sweeps.graceful import store_failures
 from sweeps.loop import Driver
 
 EXIT_INTERRUPTED = 130
@@ -34,7 +35,8 @@ def execute(drv: Driver) -> Driver:
         # SIGTERM (timeout, SLURM, docker stop) stops as gracefully as Ctrl-C
         signal.signal(signal.SIGINT, on_sigint)
         signal.signal(signal.SIGTERM, on_sigint)
-        drv.loop()
+        with store_failures(drv):  # disk full / read-only store: stop with the path and cause
+            drv.loop()
         if drv.interrupted:
             drv.interrupt()
         drv.finished_best = drv.finish()
