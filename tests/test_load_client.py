@@ -132,3 +132,16 @@ def test_bench_cli_prints_json(server):
     doc = json.loads(out.stdout)
     assert doc["metrics"]["completed"] == 4 and doc["metrics"]["concurrency"] == 2
     assert "goodput_req_s" in doc["metrics"]
+
+
+def test_bench_cli_load_search(server):
+    out = subprocess.run([sys.executable, "-m", "tasks.bench", "--url", server.base_url, "--request-rate", "1",
+                          "--num-requests", "8", "--input-len", "64", "--output-len", "8", "--slo-ttft-ms", "2000",
+                          "--slo-tpot-ms", "50", "--load-search", "--rate-lo", "2", "--rate-hi", "32", "--max-levels", "2"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    doc = json.loads(out.stdout)
+    assert doc["metrics"]["load_levels"] == 2 and len(doc["levels"]) == 2
+    assert doc["metrics"]["max_rate_at_slo_req_s"] in (0.0, *(lv["rate_req_s"] for lv in doc["levels"]))
+    bad = subprocess.run([sys.executable, "-m", "tasks.bench", "--url", server.base_url, "--load-search"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "--slo-ttft-ms" in bad.stderr
