@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tasks.types import TrialResult, TrialSpec
+from tasks.workdir import is_workdir_failure
 
 log = logging.getLogger("servesweep")
 
@@ -64,6 +65,8 @@ def retry_reason(res: TrialResult, attempt: int, retries_transient: int) -> str 
     Infrastructure failures run again on a fresh task up to ``retries_transient + 1``
     times (not the config's fault); transient failures ``retries_transient`` times.
     """
+    if is_workdir_failure(res):  # the node cannot write its work dir: a retry fails the same way at once
+        return None
     if res.status == "infra_error" and attempt <= retries_transient + 1:
         return f"infrastructure failure ({res.failure_class}); retrying on a fresh task"
     if res.status == "failed" and res.failure_kind == "transient" and attempt <= retries_transient:

@@ -85,3 +85,32 @@ def test_store_causes_are_recognised():
     wrapped.__cause__ = sqlite3.OperationalError("database or disk is full")
     assert store_cause(wrapped) == "database or disk is full"
     assert store_cause(ValueError("bad value")) is None
+
+
+@pytest.fixture
+def readonly_workdir(tmp_path):
+    work = tmp_path / "store" / "work"
+    work.mkdir(parents=True)
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(work)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a read-only tmpfs")
+    try:
+        yield work
+    finally:
+        subprocess.run(["umount", "-l", str(work)], check=False)
+
+
+def test_unwritable_work_dir_is_an_infra_error_with_its_message_not_retried(readonly_workdir):
+    store = readonly_workdir.parent
+    spec = load_spec(compose_cfg(["backend=emulated", "sweep=smoke", "sweep.budget.wall_time_s=null",
+                                  "sweep.budget.trials=2", "sweep.confirm.top_k=0", "+sweep.circuit_breaker.window=2",
+                                  "backend.emulator.time_scale=0.002",
+                                  f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]))
+    drv = run_in_process(spec)
+    recs = [r for r in R.load_records(drv.study) if r.launched]
+    assert recs, R.load_records(drv.study)
+    r = recs[0]
+    assert r.status == "infra_error" and r.failure_class != "node_lost" and r.phase == "preflight"
+    assert "worker cannot write its work dir" in r.failure_signature and "Read-only file system" in r.failure_signature
+    assert r.attempts == 1  # not retried on the same node within milliseconds
+    assert drv.stop_reason and drv.stop_reason.startswith("circuit breaker")

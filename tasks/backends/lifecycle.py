@@ -28,6 +28,7 @@ from tasks.readiness import ensure_serving, is_http_5xx
 from tasks.redact import redact_argv, redact_env, redact_text
 from tasks.server import LifecycleError, ServerProcess, launched_server, port_is_free, reserve_ports
 from tasks.types import BenchSpec, TrialResult, TrialSpec
+from tasks.workdir import workdir_failure
 
 LOG_TAIL_LINES = 60
 PROFILE_ENV = "SERVESWEEP_EMULATOR_PROFILE"
@@ -201,11 +202,14 @@ def run_server_trial(backend: Backend, spec: TrialSpec, profile: dict[str, Any] 
     """
     t0 = time.monotonic()
     res, argv, env = new_result(backend, spec, profile)
-    tdir = _trial_dir(spec, workdir)
-    log_path = tdir / "server.log"
-    if profile is not None:
-        (tdir / "profile.json").write_text(json.dumps(profile))
-        env[PROFILE_ENV] = str(tdir / "profile.json")
+    try:
+        tdir = _trial_dir(spec, workdir)
+        log_path = tdir / "server.log"
+        if profile is not None:
+            (tdir / "profile.json").write_text(json.dumps(profile))
+            env[PROFILE_ENV] = str(tdir / "profile.json")
+    except OSError as e:  # full / read-only work dir: this node cannot run trials
+        return workdir_failure(res, e, t0)
     try:
         _serve_and_measure(backend, spec, argv, env, log_path, res)
     except LifecycleError as e:
