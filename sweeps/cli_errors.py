@@ -31,8 +31,11 @@ def yaml_error_line(e: yaml.YAMLError) -> str:
     mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     context = getattr(e, "context", None)
-    where = f"{mark.name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else "YAML"
-    return f"{where}: {problem}" + (f" ({context})" if context else "")
+    if mark is None:
+        return f"YAML: {problem}"
+    line, col = mark.line + 1, mark.column + 1
+    return f"{mark.name}:{line}:{col}: {problem}" + (f" ({context})" if context else "") + \
+        f" [line {line}, column {col}]"
 
 
 def dotted_keys(node: Any, prefix: str = "") -> Iterator[str]:
@@ -111,11 +114,11 @@ def _chain(e: BaseException) -> Iterator[BaseException]:
 
 def precheck(conf_dir: Path, argv: Sequence[str]) -> str | None:
     """Compose the config with ``argv``'s overrides; the one-line message of a typo'd key, a
-    missing option or unparsable YAML, else None (Hydra's own flags, ``-m``/``--cfg``/``hydra.*``,
-    are left to ``@hydra.main``)."""
+    missing option or unparsable YAML, else None (a command line with Hydra's own flags,
+    ``-m``/``--cfg``/``--help``, is left to ``@hydra.main``)."""
     if any(a.startswith("-") for a in argv):
         return None
-    overrides = [a for a in argv if not a.lstrip("~+").startswith(("hydra.", "hydra/"))]
+    overrides = list(argv)  # hydra.* too: hydra.searchpath decides which files compose
     try:
         _compose(conf_dir, overrides)
     except Exception as e:  # noqa: BLE001 - Hydra and OmegaConf raise many types
