@@ -107,7 +107,9 @@ class ServingEngine:
     def abort(self, rid: int) -> None:
         """The client went away: the request leaves at the next step boundary."""
         if self.sch.state(rid) not in ("done", "aborted", "rejected"):
-            self.sch.abort(rid, self.now_s())
+            now = self.now_s()
+            self.sch.abort(rid, now)
+            self.sch.advance(now)  # take it out now: nobody may poll the scheduler after it
 
     async def stream(self, rid: int) -> AsyncIterator[Chunk]:
         """The request's chunks, each yielded at its modelled time.

@@ -51,6 +51,7 @@ class HttpApi:
         r.add_get("/get_model_info", self.h_model_info)
         r.add_get("/v1/models", self.h_models)
         r.add_post("/flush_cache", self.h_flush)
+        r.add_get("/emulator/requests", self.h_emulator_requests)
         return app
 
     async def h_health(self, request: web.Request) -> web.Response:
@@ -217,6 +218,26 @@ class HttpApi:
         """OpenAI ``/v1/models``."""
         name = self.s.launch.args.get("served_model_name") or self.s.launch.model_path
         return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "sglang"}]})
+
+    async def h_emulator_requests(self, request: web.Request) -> web.Response:
+        """Emulator-only: every request the batching scheduler got, in order (arrival in the
+        scheduler, s since the engine started; lengths; state; first token / end, s), and its
+        config, so a test can replay the same arrivals through the offline simulation."""
+        eng = self.s.engine() if self.s.ready else None
+        if eng is None:
+            return web.json_response({"error": "server not ready"}, status=503)
+        eng.sch.advance(eng.now_s())
+        reqs = [{"arrival_s": r.arrival, "prompt_len": r.prompt, "output_len": r.out, "state": r.state,
+                 "emitted": r.emitted, "first_s": None if r.first_s != r.first_s else r.first_s,
+                 "finish_s": None if r.finish_s != r.finish_s else r.finish_s} for r in eng.sch.reqs]
+        c = eng.config
+        return web.json_response({"now_s": eng.now_s(), "requests": reqs, "running": len(eng.sch.running),
+                                  "prefilling": len(eng.sch.prefilling), "waiting": len(eng.sch.waiting),
+                                  "kv_used": eng.sch.kv_used,
+                                  "config": {"max_running_requests": c.max_running_requests,
+                                             "max_total_tokens": c.max_total_tokens,
+                                             "chunked_prefill_size": c.chunked_prefill_size,
+                                             "mixed_chunk": c.mixed_chunk}})
 
     async def h_flush(self, request: web.Request) -> web.Response:
         """``/flush_cache`` (nothing is cached)."""
