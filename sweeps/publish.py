@@ -21,6 +21,7 @@ from sweeps.config import SweepSpec
 from sweeps.deploy import deploy_command_for, node_label
 from sweeps.load_objective import break_even_metrics, mlflow_metric_keys
 from sweeps.progress import Progress, metric_text
+from sweeps.store_retry import StoreWriteError
 from tasks.redact import redact_argv
 from tasks.types import TrialResult, TrialSpec
 
@@ -30,11 +31,14 @@ TRACKER_RETRY_S = 10.0  # MLflow down at start: try to open the parent run again
 
 @contextlib.contextmanager
 def guard(what: str, level: int = logging.ERROR) -> Iterator[None]:
-    """Run a publishing step; a failure is logged (``could not <what>``), never raised."""
+    """Run a publishing step; a failure is logged (``could not <what>``), never raised, except
+    a store that stayed locked past the retry budget (:class:`StoreWriteError`: the sweep stops)."""
     try:
         yield
     except ImportError:
         pass
+    except StoreWriteError:
+        raise
     except Exception as e:  # noqa: BLE001 - publishing never stops the sweep
         log.log(level, "could not %s: %s", what, e)
 

@@ -56,6 +56,7 @@ from sweeps.rules_match import (
     load_implicated_knobs,
     uses_model,
 )
+from sweeps.store_retry import retrying
 from tasks.failures import KIND
 
 __all__ = [
@@ -201,6 +202,7 @@ class RuleStore:
         Raises:
             ValueError: unknown class, or a fingerprint without any :data:`FINGERPRINT_KEYS`.
             sqlalchemy.exc.IntegrityError: three concurrent inserts of the same rule in a row.
+            sweeps.store_retry.StoreWriteError: the rules DB stayed locked for the retry budget.
         """
         kind = KIND.get(failure_class)
         if kind is None:
@@ -221,7 +223,7 @@ class RuleStore:
         # IntegrityError): retry, and the next attempt merges into its row.
         for attempt in Retrying(stop=stop_after_attempt(3), retry=retry_if_exception_type(IntegrityError), reraise=True):
             with attempt:
-                rid = self._upsert(values, ev)
+                rid = retrying(lambda: self._upsert(values, ev), f"record the {failure_class} rule")  # lock/busy
         return self.get(rid)
 
     def _upsert(self, values: dict[str, Any], ev: dict[str, Any]) -> int:

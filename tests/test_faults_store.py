@@ -165,3 +165,17 @@ def test_resume_runs_the_interrupted_baseline_first(tmp_path):
     assert len(ran) == 1 and ran[0].is_baseline and ran[0].params == params, ran
     assert ran[0].metrics.get("speedup_vs_baseline") == 1.0
     assert all(r.state != "RUNNING" for r in recs)
+
+
+def test_rule_write_survives_a_lock_past_the_busy_timeout(tmp_path, monkeypatch):
+    import sweeps.rules as RU
+
+    monkeypatch.setattr(RU, "BUSY_TIMEOUT_S", 0.3)
+    db = tmp_path / "rules.db"
+    store = RU.RuleStore(f"sqlite:///{db}")
+    lk = Locker(db, hold_s=2.0)
+    lk.start()
+    fp = {"gpu_arch": "sm_120", "driver": "1", "cuda": "13", "nccl": "2", "torch": "2", "sglang": "0.5"}
+    rule = store.learn(fp, "m", {"allreduce": "custom"}, "server_args_incompatible", "bad", {"sweep": "s", "trial_number": 1})
+    lk.thread.join(5)
+    assert lk.released_at is not None and rule is not None and store.list()[0].failure_class == "server_args_incompatible"
