@@ -6,10 +6,11 @@
 A trial = :func:`tasks.load_search.max_rate_at_slo` over <= 6 load levels; each level builds
 its workload (200 Poisson requests, chat-like lengths), simulates it on the continuous
 batching scheduler (:mod:`tasks.emulator.scheduler`) and computes SGLang's metrics and goodput
-(:mod:`tasks.serving_metrics`). The step time is an affine stand-in for the emulator's
-performance model (10.0 ms + 1.19 ms per decoding request: 11.2 ms at batch 1 and ~29 ms at
-batch 16, the decode ITLs quoted in issue 12; 40 us per prefill token), so the number measures
-the simulation, not the model. Cases: plain decoding, and EAGLE (accept lengths 1-4).
+(:mod:`tasks.serving_metrics`). The step time is the emulator's performance model
+(:class:`tasks.emulator.steptime.StepModel` of the campaign baseline launch: 11.2 ms at batch 1,
+28.8 ms at 16; prefill compute + attention) through :func:`tasks.emulator.instant_load.load_model`,
+the path an instant-mode trial takes. Cases: plain decoding, and EAGLE-3 (3 steps, topk 1,
+4 draft tokens; the model's acceptance).
 Goal: median <= 0.2 s per trial on 2 cores. Wall time is what the goal counts; the CPU time
 of this process is recorded beside it (with the load average), because on a machine shared
 with other jobs the wall time measures the neighbours too.
@@ -34,7 +35,9 @@ RESULTS = REPO / "benchmarks" / "results"
 GOAL_S = 0.2
 
 from tasks.emulator.batch_sim import simulate  # noqa: E402
-from tasks.emulator.scheduler import AcceptModel, SchedulerConfig  # noqa: E402
+from tasks.emulator.instant_load import load_model  # noqa: E402
+from tasks.emulator.profile import default_profile  # noqa: E402
+from tasks.emulator.testing import EAGLE_FLAGS, baseline_flags  # noqa: E402
 from tasks.load_search import Slo, max_rate_at_slo  # noqa: E402
 from tasks.serving_metrics import summarize  # noqa: E402
 from tasks.workloads import build_requests, parse_workload  # noqa: E402
@@ -43,22 +46,21 @@ WORKLOAD = {"num_requests": 200, "arrival": {"kind": "poisson", "rate_req_s": 1.
             "prompt_len": {"kind": "lognormal", "mean": 750, "sd": 1000, "low": 16, "high": 8192},
             "output_len": {"kind": "lognormal", "mean": 85, "sd": 60, "low": 1, "high": 512}}
 SLO_MS = {"ttft": 2000.0, "tpot": 50.0}
-CONFIG = SchedulerConfig(max_running_requests=64, max_total_tokens=300_000, chunked_prefill_size=8192)
-CASES = {"plain": None, "eagle": AcceptModel(values=(1, 2, 3, 4), probs=(0.2, 0.3, 0.3, 0.2), seed=0)}
+PROFILE = default_profile()  # the shipped node + model (as a trial receives it)
+CASES = {"plain": baseline_flags(128, "--max-running-requests", "64"),
+         "eagle": baseline_flags(128, "--max-running-requests", "64", *EAGLE_FLAGS)}
 
 
-def step_time_s(decode_batch: int, prefill_tokens: int) -> float:
-    return 0.010 + 0.00119 * decode_batch + 4e-5 * prefill_tokens
-
-
-def one_trial(accept: AcceptModel | None) -> tuple[float, float, dict]:
-    """Run one whole load search; returns (wall s, CPU s of this process, summary)."""
+def one_trial(flags: list[str], seed: int) -> tuple[float, float, dict]:
+    """Run one whole load search (model set-up included); returns (wall s, CPU s of this process, summary)."""
     base = parse_workload(WORKLOAD)
     t0, c0 = time.perf_counter(), time.process_time()
+    lm = load_model(PROFILE, flags, {}, seed)
 
     def measure(rate: float) -> dict:
         plan = build_requests(base.at_rate(rate))
-        res = simulate(plan.requests, CONFIG, step_time_s, accept=accept)
+        res = simulate(plan.requests, lm.config, lm.steps.step_time_s, accept=lm.accept,
+                       submit_delay_s=lm.http_overhead_s)
         return summarize(res.records(), res.duration_s, slos_ms=SLO_MS)
 
     out = max_rate_at_slo(measure, Slo(ttft_ms_p99=SLO_MS["ttft"], tpot_ms_p99=SLO_MS["tpot"]),
@@ -74,10 +76,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=21)
     args = ap.parse_args()
     cases = {}
-    for name, accept in CASES.items():
+    for name, flags in CASES.items():
         walls, cpus, summary = [], [], {}
-        for _ in range(args.repeats):
-            wall, cpu, summary = one_trial(accept)
+        for i in range(args.repeats):
+            wall, cpu, summary = one_trial(flags, i)
             walls.append(wall)
             cpus.append(cpu)
         cases[name] = {"median_s": statistics.median(walls), "min_s": min(walls), "max_s": max(walls),

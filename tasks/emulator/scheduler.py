@@ -133,6 +133,8 @@ class BatchScheduler:
         self._rng = np.random.default_rng(accept.seed if accept else 0)
         self._cycle = 0  # position in the accept cycle, or in the pool of iid draws
         self._pool = np.empty(0, dtype=np.int64)
+        self._values = None if accept is None else np.asarray(accept.values, dtype=np.int64)  # converted once
+        self._max_accept = 1 if accept is None else max(accept.values)
         self._mean_accept = 1.0 if accept is None else float(
             np.mean(accept.values) if accept.probs is None else np.dot(accept.values, accept.probs))
 
@@ -262,7 +264,7 @@ class BatchScheduler:
         if a.probs is None:
             idx = (self._cycle + np.arange(n)) % len(a.values)
             self._cycle = int((self._cycle + n) % len(a.values))
-            return np.asarray(a.values)[idx].reshape(b, k)
+            return self._values[idx].reshape(b, k)
         if len(self._pool) - self._cycle < n:
             fresh = self._rng.choice(np.asarray(a.values), size=max(n, 1 << 16), p=np.asarray(a.probs))
             self._pool, self._cycle = np.concatenate([self._pool[self._cycle:], fresh]), 0
@@ -361,7 +363,7 @@ class BatchScheduler:
     def _decode_block(self, until_s: float) -> bool:
         """Identical decode steps up to the next event; returns whether a request finished."""
         spec = self.accept is not None
-        self._retract_until(max(self.accept.values) if spec else 1)
+        self._retract_until(self._max_accept)
         batch = self.running
         dt = float(self.step_time_s(len(batch), 0))
         k = self._steps_until_event(dt, until_s)
