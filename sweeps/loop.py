@@ -29,6 +29,7 @@ from sweeps.preflight import check_launcher, emulator_profile, ensure_writable
 from sweeps.publish import Publisher, guard
 from sweeps.queue_order import pop_priority
 from sweeps.record_io import interrupted_result, write_outcome
+from sweeps.server_env import with_shell_env
 from sweeps.space import SearchSpace
 from sweeps.stores import prepare as prepare_stores
 from sweeps.untried import EXHAUSTED, redirect
@@ -69,7 +70,7 @@ class Driver:
         self.study_name = study_name or spec.study
         self.objectives = spec.objective_set
         self.profile = emulator_profile(spec)
-        self.backend = backend_dict(spec)
+        self.backend = with_shell_env(backend_dict(spec))  # NCCL_*, CUDA_*, ... from the shell reach the servers
         self.inflight: dict[Any, InFlight] = {}
         self._pending_flush = False  # finished trials not yet synced to MLflow / findings
         self.stop_reason: str | None = None
