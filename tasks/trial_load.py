@@ -9,7 +9,8 @@ benchmark, reusing the running server for every level:
   ``goodput_req_s``, ``ttft_ms_p99``, ``tpot_ms_p99``, ``slo_failed_at_req_s``,
   ``load_levels``, ...), and the curve (every level's rate and metrics) goes to the artifact.
 * ``concurrency_levels``: the workload closed-loop at each level, metrics keyed
-  ``<metric>@c<N>`` (``output_tok_s@c16``, ``tpot_ms_p50@c16``, ...).
+  ``<metric>_c<N>`` (``output_tok_s_c16``, ``tpot_ms_p50_c16``, ...; no ``@``: MLflow metric
+  names allow letters, digits, ``_ - . / :`` and spaces only).
 
 :func:`derived_metrics` adds per-GPU / per-user rates and the cost per million output tokens.
 """
@@ -29,7 +30,7 @@ from tasks.workloads import Workload, parse_workload
 
 log = logging.getLogger(__name__)
 
-#: the per-level metrics logged per concurrency (<name>@c<N>), renamed from summarize's keys
+#: the per-level metrics logged per concurrency (<name>_c<N>), renamed from summarize's keys
 LEVEL_KEYS = {"output_throughput_tok_s": "output_tok_s", "request_throughput_req_s": "request_req_s",
               "tpot_ms_p50": "tpot_ms_p50", "ttft_ms_p50": "ttft_ms_p50", "itl_ms_p50": "itl_ms_p50",
               "tpot_ms_p99": "tpot_ms_p99", "ttft_ms_p99": "ttft_ms_p99"}
@@ -100,7 +101,7 @@ def search_rate(target: Target, bench: BenchSpec, deadline_at: float | None = No
 
 def sweep_concurrency(target: Target, bench: BenchSpec,
                       deadline_at: float | None = None) -> tuple[dict[str, float], dict]:
-    """The closed-loop levels: ``(metrics keyed <metric>@c<N>, artifact with every level)``.
+    """The closed-loop levels: ``(metrics keyed <metric>_c<N>, artifact with every level)``.
 
     A level after the bench deadline sends nothing and fails.
     """
@@ -112,7 +113,7 @@ def sweep_concurrency(target: Target, bench: BenchSpec,
                          request_timeout_s=bench.request_timeout_s, deadline_s=_level_deadline(deadline_at))
         for src, name in LEVEL_KEYS.items():
             if src in m:
-                metrics[f"{name}@c{c}"] = float(m[src])
+                metrics[f"{name}_c{c}"] = float(m[src])
         levels.append({"concurrency": c, "metrics": m})
         log.info("concurrency %d: output_tok_s=%.1f tpot_ms_p50=%.2f", c, m["output_throughput_tok_s"],
                  m["tpot_ms_p50"])
@@ -166,16 +167,16 @@ def derived_metrics(metrics: Mapping[str, float], gpus: int, gpu_hour_usd: float
 
 
 def curve_metrics(artifact: Mapping[str, Any]) -> dict[str, float]:
-    """A load search's levels as flat metrics, by rate: ``load_rate_req_s@L<i>`` and
-    ``load_<m>@L<i>`` for ``m`` in :data:`CURVE_KEYS` (what the throughput–latency plot reads
+    """A load search's levels as flat metrics, by rate: ``load_rate_req_s_L<i>`` and
+    ``load_<m>_L<i>`` for ``m`` in :data:`CURVE_KEYS` (what the throughput–latency plot reads
     from the records; i = 0 is the lowest rate)."""
     out: dict[str, float] = {}
     for i, lv in enumerate(artifact.get("levels") or []):
-        out[f"load_rate_req_s@L{i}"] = float(lv["rate_req_s"])
-        out[f"load_met@L{i}"] = float(bool(lv["met"]))
+        out[f"load_rate_req_s_L{i}"] = float(lv["rate_req_s"])
+        out[f"load_met_L{i}"] = float(bool(lv["met"]))
         for k in CURVE_KEYS:
             if k in lv["metrics"]:
-                out[f"load_{k}@L{i}"] = float(lv["metrics"][k])
+                out[f"load_{k}_L{i}"] = float(lv["metrics"][k])
     return out
 
 

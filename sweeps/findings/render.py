@@ -16,7 +16,6 @@ from sweeps.findings.dead_ends import dead_ends_section
 from sweeps.findings.document import BEGIN, END, HEADER, data_line
 from sweeps.findings.groups import build_groups
 from sweeps.findings.load import load_section
-from sweeps.findings.load import load_section
 from sweeps.findings.losers import losers_section
 from sweeps.findings.next_steps import next_steps_section
 from sweeps.findings.sections import (
@@ -93,7 +92,6 @@ def render_section(ctx: Context, records: Sequence[R.TrialRecord],
     L += approaches_section(gk, groups, base, obj, conf)
     L += losers_section(ctx, recs, best, base)
     L += break_even_section(recs, conf, obj)
-    L += load_section(ctx, recs)
     L += load_section(ctx, recs)
     L += dead_ends_section(ctx, recs, base)
     L += untried_section(ctx, recs, groups, gk)
