@@ -42,6 +42,24 @@ def free_port(host: str = "") -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int, exclude: set[int] = frozenset()) -> list[int]:
+    """``n`` distinct TCP ports free right now: all bound at once (so the OS cannot hand out
+    one twice, which separate :func:`free_port` calls can), none in ``exclude``."""
+    socks: list[socket.socket] = []
+    try:
+        ports: list[int] = []
+        while len(ports) < n:
+            s = socket.socket()
+            s.bind(("", 0))
+            socks.append(s)
+            if s.getsockname()[1] not in exclude:
+                ports.append(s.getsockname()[1])
+        return ports
+    finally:
+        for s in socks:
+            s.close()
+
+
 def _marked(marker: str) -> list[psutil.Process]:
     """Live processes whose command line mentions ``marker`` (a private directory)."""
     out = []
@@ -291,13 +309,14 @@ class RayCluster:
     driver_env = env
 
     def _ports(self, head: bool) -> list[str]:
-        lo = free_port()
-        argv = ["--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
-                "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-                "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port()),
-                "--worker-port-list", ",".join(str(p) for p in sorted({lo, *(free_port() for _ in range(15))}))]
+        # distinct in one call: Ray refuses a node whose components share a port
+        p = free_ports(23, exclude={self.port})
+        argv = ["--node-manager-port", str(p[0]), "--object-manager-port", str(p[1]),
+                "--dashboard-agent-listen-port", str(p[2]), "--dashboard-agent-grpc-port", str(p[3]),
+                "--metrics-export-port", str(p[4]), "--runtime-env-agent-port", str(p[5]),
+                "--worker-port-list", ",".join(str(x) for x in sorted(p[7:]))]
         if head:
-            argv += ["--port", str(self.port), "--ray-client-server-port", str(free_port())]
+            argv += ["--port", str(self.port), "--ray-client-server-port", str(p[6])]
         return argv
 
     def _start_node(self, name: str, argv: list[str], python: Path | None, timeout_s: float) -> None:
