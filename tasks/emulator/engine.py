@@ -97,12 +97,15 @@ class ServingEngine:
         """Scheduler time (s since the engine started)."""
         return self.clock() - self.t0
 
-    def submit(self, prompt_len: int, output_len: int) -> int:
-        """Queue a request received now; returns its scheduler id."""
+    def submit(self, prompt_len: int, output_len: int, received: float | None = None) -> int:
+        """Queue a request received at ``received`` (clock value; None = now): it reaches the
+        scheduler ``http_overhead_s`` later (the emulator's own parsing is inside that time).
+        Returns its scheduler id."""
         now = self.now_s()
         self.sch.advance(now)
-        self.arrivals.append(now)
-        return self.sch.submit(prompt_len, output_len, now + self.http_overhead_s)
+        t = now if received is None else min(now, received - self.t0)
+        self.arrivals.append(t)
+        return self.sch.submit(prompt_len, output_len, t + self.http_overhead_s)
 
     def abort(self, rid: int) -> None:
         """The client went away: the request leaves at the next step boundary."""

@@ -3,7 +3,8 @@
 ``HttpApi(server).app()`` builds the application; the handlers read the state of the
 ``tasks.emulator.server.EmulatedServer`` they serve (readiness, launch, prediction, the
 token generator). Routes: /health, /health_generate, /generate, /v1/completions,
-/server_info = /get_server_info, /get_model_info, /v1/models, /flush_cache.
+/server_info = /get_server_info, /get_model_info, /v1/models, /flush_cache, and the
+emulator-only /emulator/requests (the batching scheduler's requests and state).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class HttpApi:
 
     async def h_generate(self, request: web.Request) -> web.StreamResponse:
         """SGLang's native ``/generate`` (``input_ids`` or ``text``; stream or not)."""
+        t_recv = time.monotonic()
         if not self.s.ready:
             return web.json_response({"error": "server not ready"}, status=503)
         if self.s.fault == "http_503_once" and not getattr(self.s, "sent_503", False):  # right after green health
@@ -116,7 +118,7 @@ class HttpApi:
         if body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
-            async with aclosing(self.s.generate(ids, max_new, bench=True)) as gen:
+            async with aclosing(self.s.generate(ids, max_new, bench=True, received=t_recv)) as gen:
                 async for new, vct, done in gen:
                     out_ids.extend(new)
                     await resp.write(f"data: {json.dumps(chunk(vct, done))}\n\n".encode())
@@ -124,13 +126,14 @@ class HttpApi:
             await resp.write_eof()
             return resp
         last = (0, False)
-        async for new, vct, done in self.s.generate(ids, max_new, bench=True):
+        async for new, vct, done in self.s.generate(ids, max_new, bench=True, received=t_recv):
             out_ids.extend(new)
             last = (vct, done)
         return web.json_response(chunk(*last))
 
     async def h_completions(self, request: web.Request) -> web.StreamResponse:
         """OpenAI ``/v1/completions`` (stream or not, with ``usage``)."""
+        t_recv = time.monotonic()
         if not self.s.ready:
             return web.json_response({"error": "server not ready"}, status=503)
         body = await self._json_body(request)
@@ -156,7 +159,7 @@ class HttpApi:
         if body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
-            async with aclosing(self.s.generate(ids, max_new, bench=True)) as gen:
+            async with aclosing(self.s.generate(ids, max_new, bench=True, received=t_recv)) as gen:
                 async for new, _vct, done in gen:
                     n_out += len(new)
                     c = {"id": cid, "object": "text_completion", "created": created, "model": model,
@@ -169,7 +172,7 @@ class HttpApi:
             await resp.write_eof()
             return resp
         toks: list[int] = []
-        async for new, _vct, _done in self.s.generate(ids, max_new, bench=True):
+        async for new, _vct, _done in self.s.generate(ids, max_new, bench=True, received=t_recv):
             toks.extend(new)
             n_out = len(toks)
         return web.json_response({"id": cid, "object": "text_completion", "created": created, "model": model,

@@ -240,7 +240,7 @@ class EmulatedServer:
         elif self.fault == "stall_bench":
             self.stalled.set()
 
-    async def generate(self, input_ids: list[int], max_new: int, bench: bool):
+    async def generate(self, input_ids: list[int], max_new: int, bench: bool, received: float | None = None):
         """Async generator of (new_token_ids, verify_passes_so_far, finished) at the batching
         scheduler's times; closing it early (client gone, handler cancelled) aborts the request.
 
@@ -260,7 +260,7 @@ class EmulatedServer:
             return (t + 7919) % vocab if corrupt and pos >= 1 else t
 
         max_new = max(1, int(max_new))
-        rid = eng.submit(len(input_ids), max_new)
+        rid = eng.submit(len(input_ids), max_new, received)
         spec = self.launch.speculative
         pos = cycles = 0
         t_first = None
