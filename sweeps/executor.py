@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tasks.quality import UNSTABLE
 from tasks.types import TrialResult, TrialSpec
 from tasks.workdir import is_workdir_failure
 
@@ -67,6 +68,8 @@ def retry_reason(res: TrialResult, attempt: int, retries_transient: int) -> str 
     """
     if is_workdir_failure(res):  # the node cannot write its work dir: a retry fails the same way at once
         return None
+    if res.status == "ok" and UNSTABLE in res.perf_tags and attempt == 1:
+        return "unstable measurement (repeats disagree or a stream froze); re-measuring once"
     if res.status == "infra_error" and attempt <= retries_transient + 1:
         return f"infrastructure failure ({res.failure_class}); retrying on a fresh task"
     if res.status == "failed" and res.failure_kind == "transient" and attempt <= retries_transient:

@@ -181,9 +181,10 @@ def counts_for_level(r: TrialRecord) -> bool:
 
 
 def rankable(r: TrialRecord, objective: Objective | ObjectiveSet | None = None) -> bool:
-    """An ok, launched trial with an objective value, on the path it names, meeting the constraints."""
+    """An ok, launched trial with an objective value, on the path it names, meeting the
+    constraints, whose measurement is trustworthy (not tagged ``unstable``: tasks.quality)."""
     return (value_of(r, objective) is not None and r.duplicate_of is None and counts_for_level(r)
-            and feasible(r, objective))
+            and feasible(r, objective) and "unstable" not in r.perf_tags)
 
 
 def ranked_records(records: list[TrialRecord], objective: Objective | ObjectiveSet | None = None) -> list[TrialRecord]:

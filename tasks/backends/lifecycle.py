@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from tasks import trial_load
 from tasks.bench import BenchError
 from tasks.failures import KIND, classify
+from tasks.quality import tag_quality
 from tasks.readiness import ensure_serving, is_http_5xx
 from tasks.redact import redact_argv, redact_env, redact_text
 from tasks.server import LifecycleError, ServerProcess, launched_server, port_is_free, reserve_ports
@@ -148,6 +149,8 @@ def _measure(backend: Backend, srv: ServerProcess, spec: TrialSpec, res: TrialRe
         raise LifecycleError(str(e), "bench", "early_exit" if rc == 0 else "server_crash", rc) from None
     bench_s = time.monotonic() - t_bench
     res.metrics = backend.post_bench_metrics(srv.base_url, metrics)
+    tag_quality(res.metrics, records, res.perf_tags,  # itl_ms_max, decode_tok_s_cv; 'unstable' on a freeze
+                judge=spec.bench.concurrency == 1 and not trial_load.wants_load(spec.bench))
     res.bench, res.bench_s = records, bench_s  # bench_s set last: it marks the teardown phase
 
 
@@ -224,7 +227,7 @@ def run_server_trial(backend: Backend, spec: TrialSpec, profile: dict[str, Any] 
     # KeyboardInterrupt / Ray task cancellation propagate: launched_server already tore down.
     log = redact_text(log_path.read_text(errors="replace")) if log_path.exists() else ""
     if res.status == "ok":
-        res.perf_tags = backend.paths_taken(log, spec.expected_paths)
+        res.perf_tags = [*backend.paths_taken(log, spec.expected_paths), *res.perf_tags]  # + tasks.quality's
     res.server_log = log[-(1 << 20):]
     res.log_tail = tail(log)
     res.wall_s = time.monotonic() - t0
