@@ -96,12 +96,13 @@ def test_constraint_violators_are_never_best_and_told_infeasible(tmp_path):
     # a bound between the trials' TTFTs: some trials violate it
     spec0 = _spec(tmp_path / "a", [])
     drv0 = run_in_process(spec0)
-    ttfts = sorted(r.metrics["ttft_ms_p50"] for r in R.load_records(drv0.study) if r.status == "ok")
+    # measured trials (a level whose probe showed it silently falls back ends ok without a benchmark)
+    ttfts = sorted(r.metrics["ttft_ms_p50"] for r in R.load_records(drv0.study) if "ttft_ms_p50" in r.metrics)
     bound = ttfts[len(ttfts) // 2]
     spec = _spec(tmp_path / "b", [f"sweep.objective_constraints=['ttft_ms_p50 < {bound}']"])
     drv = run_in_process(spec)
     recs = R.load_records(drv.study)
-    violators = {r.number for r in recs if r.status == "ok" and r.metrics["ttft_ms_p50"] >= bound}
+    violators = {r.number for r in recs if r.status == "ok" and r.metrics.get("ttft_ms_p50", -1) >= bound}
     assert violators
     best = R.best_record(recs, spec.objective_set)
     assert best is not None and best.number not in violators and best.metrics["ttft_ms_p50"] < bound
