@@ -323,8 +323,7 @@ def _replayed(srv, n):
     return summarize(recs, max(r.end_s for r in recs) - min(r.send_s for r in recs))
 
 
-@pytest.mark.contract
-@pytest.mark.slow
+@pytest.mark.contract  # ~25 s of real-time serving (not slow: < 60 s)
 def test_bench_serving_agrees_with_the_emulators_prediction(server):
     if not VENV_PY.exists():
         pytest.skip(f"CONTRACT CHECK NOT RUN: {VENV_PY} is missing. Build it with scripts/contract_env.sh")
