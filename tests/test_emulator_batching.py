@@ -351,3 +351,13 @@ def test_bench_serving_agrees_with_the_emulators_prediction(server):
             assert m["median_tpot_ms"] == pytest.approx(alone["tpot_ms_p50"], rel=0.05)
             assert m["median_ttft_ms"] == pytest.approx(alone["ttft_ms_p50"], rel=0.05)
     print(json.dumps(report))
+
+
+def test_instant_concurrency_levels_use_the_live_trials_keys():
+    bench = BenchSpec(workload={"num_requests": 8, "arrival": {"kind": "closed", "concurrency": 1},
+                                "prompt_len": 128, "output_len": 8}, concurrency_levels=(1, 4))
+    out = instant_simulate(PROF, ["python", "-m", "sglang.launch_server", *baseline_flags(128)], {}, bench, 0)
+    m = out["metrics"]
+    assert m["tpot_ms_p50_c1"] == pytest.approx(11.18, rel=0.01)
+    assert m["output_tok_s_c4"] > 2 * m["output_tok_s_c1"]
+    assert [lv["concurrency"] for lv in out["load_artifacts"][0]["levels"]] == [1, 4]

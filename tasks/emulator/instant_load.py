@@ -10,7 +10,7 @@ benchmark's ``workload`` / ``slo`` / ``load_search`` / ``concurrency_levels``
   closure over :func:`tasks.emulator.batch_sim.simulate` (the whole search of a goodput
   trial): ``max_rate_at_slo_req_s``, ``goodput_req_s``, ``ttft_ms_p99``, ``tpot_ms_p99``, ...
   of the highest level that met the SLO (:meth:`LoadSearchResult.metrics`);
-* ``concurrency_levels``: one closed-loop level per entry, metrics keyed ``<metric>@c<N>``.
+* ``concurrency_levels``: one closed-loop level per entry, metrics keyed ``<metric>_c<N>``.
 
 The metric keys and artifact shapes are those of :mod:`tasks.trial_load` (a live server's).
 
@@ -77,7 +77,7 @@ def simulate_load(profile: dict, argv: list[str], env: dict, bench: BenchSpec,
     """What :func:`tasks.trial_load.run_load` measures on a live server, simulated:
     ``(metrics, artifacts)`` with the same keys and shapes (load search: its
     :meth:`LoadSearchResult.metrics` plus :func:`tasks.trial_load.curve_metrics`; concurrency
-    levels: ``<metric>@c<N>``); each artifact also has ``bench_s``, its levels' modelled wall time.
+    levels: ``<metric>_c<N>``); each artifact also has ``bench_s``, its levels' modelled wall time.
 
     Args:
         profile, argv, env, seed: as :func:`tasks.emulator.instant.simulate`.
@@ -108,7 +108,7 @@ def simulate_load(profile: dict, argv: list[str], env: dict, bench: BenchSpec,
         levels = []
         for c in bench.concurrency_levels:
             m = lm.level(w.at_concurrency(int(c)), slos)
-            metrics |= {f"{name}@c{c}": float(m[src]) for src, name in LEVEL_KEYS.items() if src in m}
+            metrics |= {f"{name}_c{c}": float(m[src]) for src, name in LEVEL_KEYS.items() if src in m}
             levels.append({"concurrency": c, "metrics": m})
         arts.append({"kind": "concurrency", "levels": levels})
     for a in arts:
