@@ -7,7 +7,10 @@ in a seeded random order: a finite space is enumerated once (:meth:`SearchSpace.
 constraints applied) and shuffled; a space with a continuous float, or one larger than
 :data:`ENUMERATE_LIMIT`, is rejection-sampled (:data:`SAMPLE_DRAWS` draws). A candidate
 must not be taken (finished, running or queued), must not hit a learned rule on this node
-or a silently degraded allreduce level. "Exhausted" means nothing untried and feasible is left.
+or a silently degraded allreduce level. Among those, the one NEAREST the sampler's proposal
+(fewest knobs changed; ties in the seeded order) is taken, so the redirect stays in the region
+the sampler chose instead of spending launches on a uniform draw. "Exhausted" means nothing
+untried and feasible is left.
 """
 
 from __future__ import annotations
@@ -89,13 +92,23 @@ class UntriedDraw:
             if not self.space.violated(cfg):
                 yield cfg
 
-    def draw(self, taken: set[str], allowed: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
-        """The first candidate not in ``taken`` that ``allowed`` accepts; None when none is left
+    def draw(self, taken: set[str], allowed: Callable[[dict[str, Any]], bool],
+             near: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        """The candidate nearest ``near`` (fewest differing knobs; the seeded order breaks ties)
+        that is not in ``taken`` and that ``allowed`` accepts; None when none is left
         (exhaustive for an enumerated space, after :data:`SAMPLE_DRAWS` draws otherwise)."""
-        for cfg in self._candidates():
+        cands: Iterator[dict[str, Any]] | list[dict[str, Any]] = self._candidates()
+        if near:
+            cands = sorted(cands, key=lambda c: distance(c, near))  # stable: ties keep the seeded order
+        for cfg in cands:
             if R.config_key(cfg) not in taken and allowed(cfg):
                 return dict(cfg)
         return None
+
+
+def distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
+    """Knobs whose values differ between two configs (a knob active in one only counts)."""
+    return sum(a.get(k) != b.get(k) for k in set(a) | set(b))
 
 
 def allowed_by_knowledge(driver: Any) -> Callable[[dict[str, Any]], bool]:
@@ -118,14 +131,14 @@ def allowed_by_knowledge(driver: Any) -> Callable[[dict[str, Any]], bool]:
     return ok
 
 
-def redirect(driver: Any) -> bool:
-    """Enqueue an untried feasible config in place of a proposal that was answered without a
-    launch (the next ask returns it). False when the space is exhausted."""
+def redirect(driver: Any, proposal: Mapping[str, Any] | None = None) -> bool:
+    """Enqueue the untried feasible config nearest ``proposal`` in place of a proposal that was
+    answered without a launch (the next ask returns it). False when the space is exhausted."""
     drawer = getattr(driver, "_untried", None)
     if drawer is None:
         drawer = driver._untried = UntriedDraw(driver.space, driver.spec.sweep.sampler.seed)
     running = [f.params for f in driver.inflight.values()]
-    cfg = drawer.draw(taken_keys(driver.study, running), allowed_by_knowledge(driver))
+    cfg = drawer.draw(taken_keys(driver.study, running), allowed_by_knowledge(driver), near=proposal)
     if cfg is None:
         return False
     attrs = {A_UNTRIED: True}

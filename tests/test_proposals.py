@@ -15,7 +15,7 @@ from sweeps import records as R
 from sweeps.config import load_spec
 from sweeps.inprocess import run_in_process
 from sweeps.space import parse_space
-from sweeps.untried import A_UNTRIED, EXHAUSTED, UntriedDraw
+from sweeps.untried import A_UNTRIED, EXHAUSTED, UntriedDraw, distance
 from tests.conftest import compose_cfg
 
 
@@ -70,6 +70,19 @@ def test_draw_walks_a_finite_space_once_then_reports_exhaustion():
     assert len(got) == 3 * 3 - 1  # b=0 refused, (3, 3) infeasible
     assert len({R.config_key(c) for c in got}) == len(got)
     assert UntriedDraw(space, seed=1).draw(set(), lambda c: True) == UntriedDraw(space, seed=1).draw(set(), lambda c: True)
+
+
+def test_draw_takes_the_untried_config_nearest_the_proposal():
+    space = parse_space({"a": {"type": "categorical", "choices": [1, 2, 3]}, "b": {"type": "categorical", "choices": [1, 2, 3]},
+                         "c": {"type": "categorical", "choices": [1, 2, 3]}}, [])
+    proposal = {"a": 2, "b": 2, "c": 2}
+    taken = {R.config_key(proposal)}
+    for seed in range(5):
+        got = UntriedDraw(space, seed=seed).draw(taken, lambda c: True, near=proposal)
+        assert got is not None and distance(got, proposal) == 1, got  # one knob changed, not a uniform draw
+    # a refused neighbourhood moves one step further out
+    got = UntriedDraw(space, seed=0).draw(taken, lambda c: distance(c, proposal) > 1, near=proposal)
+    assert got is not None and distance(got, proposal) == 2
 
 
 def test_draw_rejection_samples_a_continuous_space():
