@@ -6,6 +6,7 @@ import signal
 import sys
 from typing import Any
 
+from sweeps.engine_check import check_here
 from sweeps.graceful import store_failures
 from sweeps.loop import Driver
 
@@ -28,6 +29,7 @@ def execute(drv: Driver) -> Driver:
     prev_term = signal.getsignal(signal.SIGTERM)
     try:
         try:
+            check_here(drv.spec)  # a real engine that cannot run here: exit 2 before any store is touched
             drv.setup()
         except BaseException:
             drv.publisher.close_failed()

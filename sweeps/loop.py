@@ -116,8 +116,8 @@ class Driver:
                 rest of :func:`~sweeps.ownership.prepare`'s (LeaseHeld, RayUnavailable, MlflowDenied).
         """
         ensure_writable(self.spec)
-        prepare_stores(self.spec, self.track)  # schemas created once, under <store>/locks/create.lock
         check_launcher(self.spec)
+        prepare_stores(self.spec, self.track)  # schemas created once, under <store>/locks/create.lock
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         from sweeps.sqlite_tuning import tune_sqlite_engines
 

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from sweeps import study as S
 from sweeps.config import SweepSpec
+from sweeps.engine_check import check_on_nodes
 from sweeps.lease import LeaseHeld, LeaseKeeper, StudyLease, guarded
 from sweeps.mlflow_access import MlflowDenied, check_access
 
@@ -83,6 +84,8 @@ def prepare(drv: Any) -> None:
     drv.hold = hold_study(drv.spec, drv.study_name)
     drv.executor = drv.make_executor()
     drv.progress.slots = drv.executor.slots
+    if getattr(drv.executor, "ray", None) is not None:
+        check_on_nodes(drv.spec, drv.executor.ray)  # the engine and GPU checks, on each GPU node
     if drv.track:
         check_access(drv.spec.mlflow_uri, drv.spec.sweep.name)
 
