@@ -188,11 +188,14 @@ def intercept(drv: Any, f: Any, res: TrialResult) -> bool:
     why = None if drv.interrupted else retry_reason(res, f.attempt, drv.spec.backend.retries_transient)
     if why is not None:  # the executor's retry policy applies to a probe as to any launch
         log.warning("trial %d (probe): %s", f.trial.number, why)
+        with guard(f"save probe files of trial {f.trial.number}"):
+            drv.publisher.save_files(f.trial.number, f.params, f.spec, res, suffix=f".probe.attempt{f.attempt}")
         drv._submit(f.trial, f.params, f.spec, f.attempt + 1)
         return True
     full, reason = drv.__dict__.setdefault("_probe_full", {}).pop(f.trial.number, (None, ""))
     info = {"result": res.status, "failure_class": res.failure_class, "signature": res.failure_signature,
-            "gpu_s": res.gpu_s, "startup_s": res.startup_s, "reason": reason, "dead_end": _reveals(res)}
+            "gpu_s": res.gpu_s, "startup_s": res.startup_s, "reason": reason, "dead_end": _reveals(res),
+            "attempts": f.attempt}
     # the level this config names silently fell back (the probe's startup log shows it): the
     # full launch would measure another path, so the probe's outcome is the trial's (degraded)
     degraded = res.status == "ok" and R.DEGRADED in res.perf_tags and f.params.get("allreduce") not in (None, "nccl")

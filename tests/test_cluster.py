@@ -66,8 +66,12 @@ def _sweep(addr: str, store: Path, extra: list[str], timeout: float = 240) -> su
     return r
 
 
+def _study(store: Path) -> optuna.Study:
+    return optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}")
+
+
 def _records(store: Path) -> list[R.TrialRecord]:
-    study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}")
+    study = _study(store)
     return R.load_records(study)
 
 
@@ -153,9 +157,12 @@ def test_node_removed_mid_trial_reruns_elsewhere(cluster, tmp_path):
     assert "infrastructure failure (node_lost)" in out, out[-4000:]
     recs = _records(store)
     assert not [x for x in recs if x.state == "RUNNING"]
-    retried = [x for x in recs if x.attempts >= 2]
-    assert retried, [(x.number, x.attempts, x.status) for x in recs]
+    # the lost launch may have been the trial's probe launch (dummy weights) or its full launch
+    probes = {t.number: t.user_attrs.get("probe") or {} for t in _study(store).get_trials(deepcopy=False)}
+    retried = [x for x in recs if x.attempts >= 2 or probes[x.number].get("attempts", 1) >= 2]
+    assert retried, [(x.number, x.attempts, x.status, probes[x.number]) for x in recs]
     for x in retried:  # re-ran on the surviving node and finished as a normal trial
         assert _node_id(x.node) == head_id[:12] and x.status in ("ok", "failed"), x
-        assert (R.trial_dir(store, "smoke", x.number) / "server.attempt1.log").exists()
+        d = R.trial_dir(store, "smoke", x.number)
+        assert (d / "server.attempt1.log").exists() or (d / "server.probe.attempt1.log").exists(), sorted(d.iterdir())
     wait_for(lambda: _servers(store) == [], 20, what="the trials' servers to exit")

@@ -40,7 +40,11 @@ def _children(store: Path):
     exp = c.get_experiment_by_name("smoke")
     runs = c.search_runs([exp.experiment_id], max_results=1000)
     parents = [r for r in runs if r.data.tags.get("servesweep.role") == "study"]
-    kids = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    # trial runs; confirmation re-measurements nest under the trial they confirm
+    kids = [r for r in runs if "mlflow.parentRunId" in r.data.tags and r.data.tags.get("servesweep.role") != "confirmation"]
+    confirmations = [r for r in runs if r.data.tags.get("servesweep.role") == "confirmation"]
+    trial_runs = {k.info.run_id for k in kids}
+    assert all(r.data.tags.get("mlflow.parentRunId") in trial_runs for r in confirmations)
     return c, exp, parents, kids
 
 
