@@ -200,6 +200,10 @@ def intercept(drv: Any, f: Any, res: TrialResult) -> bool:
     # full launch would measure another path, so the probe's outcome is the trial's (degraded)
     degraded = res.status == "ok" and R.DEGRADED in res.perf_tags and f.params.get("allreduce") not in (None, "nccl")
     info["dead_end"] = info["dead_end"] or degraded
+    if degraded:  # no benchmark ran: the run says why it has no tok/s
+        res.failure_class, res.failure_kind = R.DEGRADED, "perf"
+        res.failure_signature = res.failure_signature or (
+            f"allreduce={f.params.get('allreduce')} silently fell back (seen in the probe's startup log)")
     f.trial.set_user_attr(A_PROBE, info)
     with guard(f"save probe files of trial {f.trial.number}"):
         drv.publisher.save_files(f.trial.number, f.params, f.spec, res, suffix=".probe")

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -299,8 +300,9 @@ def test_max_running_requests_is_enforced(tmp_path):
 # ---------------------------------------------------------------- SGLang's own bench_serving
 def _bench_serving(base_url, c, n, out_len, prompt_len):
     job = {"base_url": base_url, "prompt_len": prompt_len, "output_len": out_len, "num_prompts": n, "max_concurrency": c}
-    proc = subprocess.run([str(VENV_PY), str(ROOT / "tests" / "sglang_bench_client.py")], input=json.dumps(job),
-                          capture_output=True, text=True, timeout=300, check=False)
+    with tempfile.TemporaryDirectory() as cwd:  # bench_serving writes its result JSONL into the cwd
+        proc = subprocess.run([str(VENV_PY), str(ROOT / "tests" / "sglang_bench_client.py")], input=json.dumps(job),
+                              capture_output=True, text=True, timeout=300, check=False, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
