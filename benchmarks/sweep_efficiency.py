@@ -338,10 +338,10 @@ def _probe_goals(summary: dict[str, Any], meta: dict[str, Any]) -> list[str]:
     lines += ["", f"Where servesweep's GPU-hours go: the seed trials (baseline and EAGLE-3 seed in full, the "
               f"allreduce / NCCL / all-to-all levels as probes, the passing ones then in full), then the "
               f"sampler's launches. Of those, a mean {s.get('mean_untried_launches', 0):.1f} per run "
-              f"({s.get('mean_untried_gpu_hours', 0):.2f} GPU-h) were untried configs drawn uniformly "
-              f"(sweeps/untried.py) in place of proposals answered without a launch (rule skips, "
-              f"duplicates, degraded levels); most of the space is EAGLE-3 configs, which never reach "
-              f"the target on this node, so these draws are where a missed ratio comes from."]
+              f"({s.get('mean_untried_gpu_hours', 0):.2f} GPU-h) were untried configs drawn in place of "
+              f"proposals answered without a launch (sweeps/untried.py: nearest the proposal after a "
+              f"duplicate, nearest the incumbent after a dead end); a uniform draw would mostly land on "
+              f"EAGLE-3 configs, which never reach the target on this node."]
     if meta["objective"] != "decode_tok_s":
         lines += ["", f"This space's objective `{meta['objective']}` has no noise-free model value: each config's "
                   f"value is its seed-0 measurement (a load search), so the best is a lucky draw and only "

@@ -236,7 +236,7 @@ class Driver:
         guarded(write_outcome, trial, skip.attrs, f"trial {trial.number}", what=f"record of trial {trial.number}")
         S.tell(self.study, trial, S.verdict_for(skip.status, source=skip.source))
         self._pending_flush = True
-        if self.gated and not redirect(self, dict(trial.params)):  # the nearest untried feasible config instead
+        if self.gated and not redirect(self, dict(trial.params), skip.gate):  # a near untried feasible config
             self.stop_reason = self.stop_reason or EXHAUSTED
 
     def _launch(self, trial: optuna.trial.Trial, params: dict[str, Any]) -> None:

@@ -131,9 +131,17 @@ def allowed_by_knowledge(driver: Any) -> Callable[[dict[str, Any]], bool]:
     return ok
 
 
-def redirect(driver: Any, proposal: Mapping[str, Any] | None = None) -> bool:
-    """Enqueue the untried feasible config nearest ``proposal`` in place of a proposal that was
-    answered without a launch (the next ask returns it). False when the space is exhausted."""
+def redirect(driver: Any, proposal: Mapping[str, Any] | None = None, gate: str = "duplicate") -> bool:
+    """Enqueue an untried feasible config in place of a proposal that was answered without a
+    launch (the next ask returns it). False when the space is exhausted.
+
+    The draw is the untried config nearest the proposal when the proposal repeated a measured
+    config (``gate`` ``duplicate``: the sampler's region is a good one), and nearest the
+    incumbent best when it hit a dead end (``rule``, ``degraded``, ``infeasible``: the
+    neighbours of a dead end are mostly dead ends too)."""
+    if gate != "duplicate":
+        best = R.best_record(R.load_records(driver.study), driver.objectives)
+        proposal = best.params if best is not None else proposal
     drawer = getattr(driver, "_untried", None)
     if drawer is None:
         drawer = driver._untried = UntriedDraw(driver.space, driver.spec.sweep.sampler.seed)
