@@ -315,6 +315,9 @@ def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
     unknown = [n for n in space.names if n not in known]
     for n in unknown:
         problems.append(f"sweep.params.{n}: unknown knob; known knobs: {sorted(known)}")
+    if unknown and (fit := [k for k in available_backends() if set(space.names) <= get_backend(k).known_knobs]):
+        problems.append(f"backend.kind: sweep {spec.sweep.name!r} sets {spec.backend.kind!r}'s unknown knobs; it is "
+                        f"written for backend={' or backend='.join(fit)}")
     if spec.sweep.mode == "search" and not unknown:
         named = [("sweep.baseline", spec.sweep.baseline)] + [
             (f"sweep.seed_trials[{i}]", s) for i, s in enumerate(spec.sweep.seed_trials)
