@@ -155,7 +155,13 @@ def _sweep_files() -> list[Path]:
     from tasks.knobs import KNOWN_KNOBS
 
     files = sorted((ROOT / "conf/sweep").glob("*.yaml"))
-    return [f for f in files if set((yaml.safe_load(f.read_text()) or {}).get("params") or {}) <= KNOWN_KNOBS]
+    return [f for f in files if set(_sweep_body(f).get("params") or {}) <= KNOWN_KNOBS]
+
+
+def _sweep_body(sweep_file: Path) -> dict:
+    """The sweep mapping of a conf/sweep file (a ``# @package _global_`` file nests it under ``sweep:``)."""
+    cfg = yaml.safe_load(sweep_file.read_text()) or {}
+    return cfg["sweep"] if isinstance(cfg.get("sweep"), dict) else cfg
 
 
 def _sweep_argvs(sweep_file: Path) -> list[list[str]]:
@@ -164,7 +170,7 @@ def _sweep_argvs(sweep_file: Path) -> list[list[str]]:
         from sweeps.space import parse_space
     except ImportError as e:  # pragma: no cover - the lead's module
         pytest.skip(f"LOUD SKIP: sweeps.space is not importable yet ({e}); shipped sweeps unchecked")
-    cfg = yaml.safe_load(sweep_file.read_text())
+    cfg = _sweep_body(sweep_file)
     space = parse_space(cfg.get("params") or {}, cfg.get("constraints") or [])
     finite = all(p.type != "float" or getattr(p, "step", None) for p in space.params)
     if not finite:
