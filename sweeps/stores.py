@@ -113,6 +113,6 @@ def prepare(spec: SweepSpec, track: bool = True) -> None:
 
 
 def new_study_name(sweep_name: str) -> str:
-    """A fresh study name: ``<sweep>-<YYYYmmdd-HHMMSS>-<pid>-<4 hex>``; two sweeps started in the
+    """A fresh study name: ``<sweep>-<YYYYmmdd-HHMMSS>-<pid>-<8 hex>``; two sweeps started in the
     same second (even by one process) get different names."""
-    return f"{sweep_name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(2)}"
+    return f"{sweep_name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(4)}"

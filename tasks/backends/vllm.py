@@ -94,12 +94,13 @@ def _fmt(v: Any) -> str:
 
 def resolve_path(p: str) -> str:
     """``p`` made absolute against the repository root when it is a relative local path
-    (``./x``, ``x/y`` that exists there, ``.vllm-venv/bin/python``); hub ids stay as they are."""
+    (``./x``, ``x/y`` that exists there, ``a/b/c``: deeper than a hub id's ``org/name``,
+    ``.vllm-venv/bin/python``); hub ids stay as they are."""
     q = Path(p).expanduser()
     if q.is_absolute():
         return str(q)
     cand = REPO_ROOT / q
-    return str(cand) if (p.startswith(".") or cand.exists()) else p
+    return str(cand) if (p.startswith(".") or cand.exists() or p.count("/") >= 2) else p
 
 
 def _speculative(params: Mapping[str, Any], model: Mapping[str, Any], f: FlagSet) -> list[str]:
