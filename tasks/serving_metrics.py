@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tasks.stats import percentile as stats_percentile
+
 STATS = ("mean", "p50", "p90", "p99")
 GOODPUT_SLO_METRICS = ("ttft", "tpot", "e2el")  # as sglang/benchmark/goodput.py:12
 
@@ -121,9 +123,9 @@ class RequestRecord:
 
 
 def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
-    """``np.percentile(values or 0, q)`` with NumPy's default linear method (serving.py:1283)."""
-    a = np.asarray(values, dtype=float)
-    return float(np.percentile(a if a.size else 0.0, q))
+    """SGLang's ``np.percentile(values or 0, q)`` (serving.py:1283): ``q`` in percent, 0 for no
+    values, NumPy's default linear method -- the project's one quantile, :func:`tasks.stats.percentile`."""
+    return stats_percentile(np.asarray(values, dtype=float).tolist(), q / 100.0, empty=0.0)
 
 
 def _stats_ms(prefix: str, values_s: Sequence[float] | np.ndarray) -> dict[str, float]:
