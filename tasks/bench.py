@@ -21,7 +21,7 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -185,6 +185,25 @@ def stream_generate(client: httpx.Client, base_url: str, input_ids: list[int], m
     return rec
 
 
+def request_timeouts(request_timeout_s: float,
+                     deadline_s: float | None) -> tuple[Callable[[], float], float | None]:
+    """``(timeout, t_end)``: ``timeout()`` gives the next request's timeout, s
+    (``request_timeout_s`` cut to what is left of the whole benchmark's ``deadline_s``,
+    ``backend.timeouts.bench_s``; None: no limit) and raises :class:`BenchError` ``stall``
+    once it has passed; ``t_end`` is that deadline on the monotonic clock (None: none).
+    """
+    t_end = time.monotonic() + deadline_s if deadline_s else None
+
+    def timeout() -> float:
+        if t_end is None:
+            return request_timeout_s
+        left = t_end - time.monotonic()
+        if left <= 0:
+            raise BenchError(f"benchmark exceeded its {deadline_s:.0f} s limit (backend.timeouts.bench_s)", "stall")
+        return min(request_timeout_s, left)
+    return timeout, t_end
+
+
 def run_benchmark(base_url: str, spec: BenchSpec,
                   deadline_s: float | None = None) -> tuple[dict[str, float], list[RequestRecord]]:
     """Warm up, then run ``spec.repeats`` measured requests ``spec.concurrency`` at a time.
@@ -197,15 +216,7 @@ def run_benchmark(base_url: str, spec: BenchSpec,
     Raises:
         BenchError: the first failed request (warmup or measured); ``stall`` past ``deadline_s``.
     """
-    t_end = time.monotonic() + deadline_s if deadline_s else None
-
-    def timeout() -> float:
-        if t_end is None:
-            return spec.request_timeout_s
-        left = t_end - time.monotonic()
-        if left <= 0:
-            raise BenchError(f"benchmark exceeded its {deadline_s:.0f} s limit (backend.timeouts.bench_s)", "stall")
-        return min(spec.request_timeout_s, left)
+    timeout, t_end = request_timeouts(spec.request_timeout_s, deadline_s)
 
     with httpx.Client() as client:
         for i in range(spec.warmup_requests):

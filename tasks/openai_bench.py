@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from tasks.bench import BenchError, RequestRecord, summarize
+from tasks.bench import BenchError, RequestRecord, request_timeouts, summarize
 from tasks.types import BenchSpec
 
 #: Prompt ids are drawn from [PROMPT_ID_LOW, PROMPT_ID_HIGH): ids every served vocabulary has
@@ -149,15 +149,7 @@ def run_benchmark(base_url: str, spec: BenchSpec,
     Raises:
         BenchError: the first failed request; ``stall`` past ``deadline_s`` (s).
     """
-    t_end = time.monotonic() + deadline_s if deadline_s else None
-
-    def timeout() -> float:
-        if t_end is None:
-            return spec.request_timeout_s
-        left = t_end - time.monotonic()
-        if left <= 0:
-            raise BenchError(f"benchmark exceeded its {deadline_s:.0f} s limit (backend.timeouts.bench_s)", "stall")
-        return min(spec.request_timeout_s, left)
+    timeout, t_end = request_timeouts(spec.request_timeout_s, deadline_s)
 
     with httpx.Client(limits=httpx.Limits(max_connections=max(10, 2 * spec.concurrency))) as client:
         model = served_model(client, base_url)
