@@ -47,7 +47,9 @@ def store_failures(drv: Any) -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        cause = store_cause(e)
+        from sweeps.tracking import MlflowStoreBroken
+
+        cause = str(e) if isinstance(e, MlflowStoreBroken) else store_cause(e)
         if cause is None:
             raise
         log.error("store failure (%s): stopping the sweep", cause)

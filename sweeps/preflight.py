@@ -16,8 +16,9 @@ def sweep_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that end a sweep with a message (exit 1), not a traceback."""
     from sweeps.cluster import RayUnavailable
     from sweeps.store_retry import StoreWriteError
+    from sweeps.tracking import MlflowStoreBroken
 
-    return (SweepError, ConfigError, RayUnavailable, StoreWriteError)
+    return (SweepError, ConfigError, RayUnavailable, StoreWriteError, MlflowStoreBroken)
 
 
 def emulator_profile(spec: SweepSpec) -> dict[str, Any] | None:

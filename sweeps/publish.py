@@ -22,6 +22,7 @@ from sweeps.deploy import deploy_command_for, node_label
 from sweeps.load_objective import break_even_metrics, mlflow_metric_keys
 from sweeps.progress import Progress, metric_text
 from sweeps.store_retry import StoreWriteError
+from sweeps.tracking import LOCAL_FAILURES_MAX, MlflowStoreBroken
 from tasks.redact import redact_argv
 from tasks.types import TrialResult, TrialSpec
 
@@ -37,7 +38,7 @@ def guard(what: str, level: int = logging.ERROR) -> Iterator[None]:
         yield
     except ImportError:
         pass
-    except StoreWriteError:
+    except (StoreWriteError, MlflowStoreBroken):
         raise
     except Exception as e:  # noqa: BLE001 - publishing never stops the sweep
         log.log(level, "could not %s: %s", what, e)
@@ -91,6 +92,12 @@ class Publisher:
                                       "backend": sp.backend.kind, "objective": ",".join(self.objectives.names),
                                       "direction": ",".join(self.objectives.directions)})
         except Exception as e:  # noqa: BLE001 - MLflow down: the sweep goes on, sync catches up later
+            self._open_failures = getattr(self, "_open_failures", 0) + 1
+            if self._open_failures >= LOCAL_FAILURES_MAX and not self.spec.mlflow_uri.startswith(("http://", "https://")):
+                raise MlflowStoreBroken(f"the MLflow store {self.spec.mlflow_uri} failed to open the sweep's run "
+                                        f"{self._open_failures} times in a row ({e}); a local store has no outage to "
+                                        f"wait out: repair or move it (e.g. mv mlflow.db mlflow.db.broken) and run "
+                                        f"the same command again") from e
             log.warning("MLflow unavailable (%s); trials will be synced when it is back", e)
             self.tracker = None
 

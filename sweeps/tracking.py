@@ -33,6 +33,15 @@ METRIC_KEYS = ("decode_tok_s", "output_tok_s", "ttft_ms_p50", "itl_ms_p50", "itl
                "speedup_vs_baseline", "e2e_s_p50")
 T = TypeVar("T")
 OUTAGE_BACKOFF_S = 10.0  # s between sync attempts while MLflow is unreachable
+#: failed sync attempts in a row after which a LOCAL store (sqlite/file: no outage to wait out)
+#: is declared broken and the sweep stops; each attempt already retried busy errors (:func:`retry`)
+LOCAL_FAILURES_MAX = 3
+
+
+class MlflowStoreBroken(RuntimeError):
+    """A local MLflow store failed every call of several sync attempts in a row (exit 2)."""
+
+    exit_code = 2
 
 
 def retry(fn: Callable[[], T], what: str, attempts: int = 5, base_delay_s: float = 0.2) -> T:
@@ -112,6 +121,7 @@ class Tracker:
             for k, v in HTTP_ENV.items():
                 os.environ.setdefault(k, v)
         self._retry_at = 0.0  # monotonic s: no sync attempt before this after a failure
+        self._failures = 0  # failed sync attempts in a row
         #: metrics logged on child runs; the sweep adds its objective and constrained metrics
         self.metric_keys: set[str] = set(METRIC_KEYS)
         exp = retry(lambda: self.client.get_experiment_by_name(experiment), "get experiment")
@@ -226,9 +236,8 @@ class Tracker:
         try:
             done = self.synced_keys()
         except Exception as e:  # noqa: BLE001
+            self._failed(e)
             log.warning("MLflow unreachable (%s); trials will be synced later", str(e).splitlines()[0][:300])
-            self._synced = None
-            self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
             return 0
         n = 0
         for r in records:
@@ -241,13 +250,29 @@ class Tracker:
             try:
                 self._log_child(key, r, trial_dir(store_dir, study_name, r.number), extra_tags)
             except Exception as e:  # noqa: BLE001
+                self._failed(e)
                 log.warning("MLflow sync of %s failed (%s); will retry", key, str(e).splitlines()[0][:300])
-                self._synced = None
-                self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
                 return n
             done.add(key)
             n += 1
+        self._failures = 0
         return n
+
+    def _failed(self, e: Exception) -> None:
+        """One failed sync attempt: back off; a local store failing attempt after attempt is broken.
+
+        Raises:
+            MlflowStoreBroken: :data:`LOCAL_FAILURES_MAX` failed attempts in a row on a local store.
+        """
+        self._synced = None
+        self._retry_at = time.monotonic() + OUTAGE_BACKOFF_S
+        self._failures += 1
+        if self._failures >= LOCAL_FAILURES_MAX and not self.uri.startswith(("http://", "https://")):
+            raise MlflowStoreBroken(
+                f"the MLflow store {self.uri} failed {self._failures} sync attempts in a row "
+                f"({str(e).splitlines()[0][:200]}); a local store has no outage to wait out. The trials are "
+                f"kept in Optuna: repair or move the store (e.g. mv mlflow.db mlflow.db.broken) and run the "
+                f"same command again; it syncs every trial.") from e
 
     def _log_child(self, key: str, r: TrialRecord, tdir: Path, extra_tags: dict[str, str]) -> None:
         tags = {

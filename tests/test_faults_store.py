@@ -179,3 +179,35 @@ def test_rule_write_survives_a_lock_past_the_busy_timeout(tmp_path, monkeypatch)
     rule = store.learn(fp, "m", {"allreduce": "custom"}, "server_args_incompatible", "bad", {"sweep": "s", "trial_number": 1})
     lk.thread.join(5)
     assert lk.released_at is not None and rule is not None and store.list()[0].failure_class == "server_args_incompatible"
+
+
+def test_a_local_mlflow_store_that_fails_every_call_stops_the_sweep(tmp_path, monkeypatch):
+    """A local MLflow store whose every write fails (its tables gone mid-sweep) is an error
+    (exit 2 with the store and the fix), not a warning the sweep shrugs off; Optuna keeps the trials."""
+    import sweeps.tracking as tracking
+    from sweeps.lifecycle import execute
+    from sweeps.stores import StoreError
+
+    monkeypatch.setattr(tracking, "OUTAGE_BACKOFF_S", 0.0)  # every flush attempts a sync
+    store = tmp_path / "store"
+    spec = load_spec(compose_cfg(["backend=instant", "sweep=smoke", "sweep.budget.trials=5", "sweep.confirm.top_k=0",
+                                  f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'f'}"]))
+    drv = InProcessDriver(spec, track=True)
+    real_flush = drv.publisher.flush
+    broke = {"done": False}
+
+    def flush_then_break(*a, **k):
+        if not broke["done"]:  # the parent run exists; now the store loses its tables
+            broke["done"] = True
+            with sqlite3.connect(str(store / "mlflow.db")) as c:
+                c.execute("DROP TABLE tags")
+                c.execute("DROP TABLE metrics")
+        return real_flush(*a, **k)
+
+    monkeypatch.setattr(drv.publisher, "flush", flush_then_break)
+    with pytest.raises(StoreError) as e:
+        execute(drv)
+    assert "MLflow store" in str(e.value) and "mlflow.db.broken" in str(e.value), str(e.value)
+    assert getattr(e.value, "exit_code", None) == 2
+    finished = [r for r in R.load_records(drv.study) if r.state not in ("RUNNING", "WAITING")]
+    assert finished, "the trials measured before the stop are kept in Optuna"
