@@ -60,6 +60,7 @@ class BenchConfig(_Model):
     slo: SloConfig | None = None
     load_search: LoadSearchConfig | None = None
     concurrency_levels: list[int] = Field(default_factory=list)
+    max_repeat_cv: float = Field(default=0.10, gt=0, le=1)
 
     @field_validator("workload")
     @classmethod

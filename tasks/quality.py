@@ -50,7 +50,7 @@ def unstable_reason(metrics: Mapping[str, float], max_cv: float = MAX_REPEAT_CV)
 
 
 def tag_quality(metrics: dict[str, float], records: Sequence[Mapping[str, Any]], perf_tags: list[str],
-                judge: bool = True) -> str | None:
+                judge: bool = True, max_cv: float = MAX_REPEAT_CV) -> str | None:
     """Add :func:`quality_metrics` to ``metrics`` and the ``unstable`` tag to ``perf_tags``
     (in place) when :func:`unstable_reason` finds one; returns the reason.
 
@@ -58,7 +58,7 @@ def tag_quality(metrics: dict[str, float], records: Sequence[Mapping[str, Any]],
     differ per request (batching, queueing), so only sequential repeats are judged.
     """
     metrics.update(quality_metrics(records))
-    why = unstable_reason(metrics) if judge else None
+    why = unstable_reason(metrics, max_cv) if judge else None
     if why and UNSTABLE not in perf_tags:
         perf_tags.append(UNSTABLE)
     return why

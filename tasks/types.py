@@ -57,6 +57,8 @@ class BenchSpec:
         concurrency_levels: closed-loop levels (e.g. ``(1, 4, 16, 64)``) run on ``workload``;
             per-level metrics are keyed ``<metric>@c<N>``. Empty: none.
         incumbent_rate: the best config's ``max_rate_at_slo_req_s`` so far (set by the driver), req/s.
+        max_repeat_cv: repeats whose decode tok/s spread (sd / mean) exceeds this make the
+            trial ``unstable`` (re-measured once, then kept out of the winner).
     """
 
     input_len: int = 128
@@ -72,6 +74,7 @@ class BenchSpec:
     load_search: LoadSearchSpec | None = None
     concurrency_levels: tuple[int, ...] = ()
     incumbent_rate: float | None = None
+    max_repeat_cv: float = 0.10
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,8 @@ def _measure(backend: Backend, srv: ServerProcess, spec: TrialSpec, res: TrialRe
     bench_s = time.monotonic() - t_bench
     res.metrics = backend.post_bench_metrics(srv.base_url, metrics)
     tag_quality(res.metrics, records, res.perf_tags,  # itl_ms_max, decode_tok_s_cv; 'unstable' on a freeze
-                judge=spec.bench.concurrency == 1 and not trial_load.wants_load(spec.bench))
+                judge=spec.bench.concurrency == 1 and not trial_load.wants_load(spec.bench),
+                max_cv=spec.bench.max_repeat_cv)
     res.bench, res.bench_s = records, bench_s  # bench_s set last: it marks the teardown phase
 
 
