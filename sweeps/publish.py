@@ -141,7 +141,9 @@ class Publisher:
 
         name = run_name(R.TrialRecord(number=number, state="", params=params, status=res.status,
                                       perf_tags=res.perf_tags))
-        if res.status == "ok":
+        if res.status == "ok" and metrics.get(self.objectives.primary.name) is None:  # ended at its probe
+            line = f"{name}: not benchmarked: {res.failure_class or ''} {res.failure_signature or ''}"[:200]
+        elif res.status == "ok":
             sp = metrics.get("speedup_vs_baseline")
             obj = self.objectives.primary
             line = (f"{name}: {metric_text(obj.name, metrics.get(obj.name))}"
