@@ -277,7 +277,8 @@ class SweepSpec(_Model):
         if self.sweep.findings_path:
             return self.path(self.sweep.findings_path)
         t = self.tracking  # per store, never per run: two stores with one study name keep two documents
-        d = t.findings_dir or ("findings" if t.store_dir == TrackingConfig().store_dir else str(self.store_dir / "findings"))
+        default = self.path(t.store_dir) == self.path(TrackingConfig().store_dir)  # however it is spelled
+        d = t.findings_dir or ("findings" if default else str(self.store_dir / "findings"))
         return self.path(d) / f"{self.study}.md"
 
 

@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -115,3 +116,11 @@ def test_a_trial_interrupted_during_startup_is_recorded_in_phase_startup(tmp_pat
         drv.release()
     rec = next(r for r in R.load_records(drv.study) if r.number == f.trial.number)
     assert rec.status == "interrupted" and rec.phase == "startup"
+
+
+def test_the_default_store_keeps_findings_at_the_repo_root_however_it_is_spelled():
+    rel = load_spec(compose_cfg([]))
+    absolute = load_spec(compose_cfg([f"tracking.store_dir={REPO / 'mlflow'}"]))  # what sweeps.report passes
+    assert rel.findings_path == absolute.findings_path == REPO / "findings" / f"{rel.study}.md"
+    other = load_spec(compose_cfg(["tracking.store_dir=/tmp/elsewhere"]))
+    assert other.findings_path == Path("/tmp/elsewhere/findings") / f"{other.study}.md"
