@@ -15,7 +15,6 @@ document and the report); :func:`mismatched_trials` lists the flagged trials.
 
 from __future__ import annotations
 
-import copy
 import datetime as _dt
 import logging
 import math
@@ -26,6 +25,7 @@ from typing import Any
 from sweeps import records as R
 from sweeps.executor import Executor, RayExecutor, collect
 from sweeps.objective import Objective, ObjectiveSet
+from sweeps.preflight import launch_profile
 from sweeps.progress import metric_text
 from tasks.types import TrialResult, TrialSpec
 
@@ -174,7 +174,8 @@ def confirm_top(driver: Any, k: int = 3, repeats: int = 5, confidence: float = 0
         log.info("confirmation of trials %s already done; reusing it", cand_ids)
         return old
     t0 = time.monotonic()
-    jobs = _jobs(driver, todo, repeats, extra_env)
+    rounds = int(old.get("round", 0)) + 1 if old else 0  # a re-confirmation draws noise of its own
+    jobs = _jobs(driver, todo, repeats, extra_env, rounds)
     log.info("confirming %d config(s) x %d repeats (%d launches)", len(todo), repeats, len(jobs))
     results = run_jobs(executor_of(driver), jobs, len(todo), lambda: bool(getattr(driver, "interrupted", False)),
                        on_done=_progress_line(driver, todo, len(jobs), obj))
@@ -182,7 +183,7 @@ def confirm_top(driver: Any, k: int = 3, repeats: int = 5, confidence: float = 0
         log.warning("confirmation interrupted; nothing stored")
         return {}
     out = summarize(todo, results, repeats, confidence, obj)
-    out.update(top_k=k, candidates=cand_ids, date=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
+    out.update(top_k=k, candidates=cand_ids, round=rounds, date=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
                wall_s=round(time.monotonic() - t0, 2))
     _store(driver.study, out)
     return out
@@ -199,8 +200,9 @@ def executor_of(driver: Any) -> Executor:
 
 def _jobs(driver: Any, todo: list[tuple[R.TrialRecord, bool]], repeats: int,
           extra_env: Mapping[str, Mapping[str, str]] | Callable[[dict], Mapping[str, str]] | None,
-          ) -> list[tuple[int, TrialSpec, dict[str, Any] | None]]:
-    """One fresh launch per (config, repeat): ``(config index, spec, profile with its own noise seed)``."""
+          rounds: int = 0) -> list[tuple[int, TrialSpec, dict[str, Any] | None]]:
+    """One fresh launch per (config, repeat): ``(config index, spec, profile with its own noise
+    seed)``; ``rounds`` = earlier confirmations of this study (their launches are not replayed)."""
     from tasks.backends import get_backend
 
     spec = driver.spec
@@ -216,11 +218,9 @@ def _jobs(driver: Any, todo: list[tuple[R.TrialRecord, bool]], repeats: int,
                            params=r.params, argv=argv, env=env, backend=spec.backend.kind, gpus=spec.gpus_per_trial,
                            bench=spec.bench_spec(), timeouts=spec.timeouts(), container_name=spec.backend.container_name,
                            expected_paths=expected)
-            prof = None
-            if driver.profile is not None:  # a fresh launch draws fresh run-to-run noise
-                prof = copy.deepcopy(driver.profile)
-                prof["emulator"]["seed"] = int(prof["emulator"].get("seed") or 0) + 7919 * (rep + 1) + 104_729 * r.number
-            jobs.append((idx, ts, prof))
+            # a fresh launch draws fresh noise, also in a later confirmation round of the same study
+            key = f"{driver.study_name}/confirm{rounds}/{r.number}/{rep}"
+            jobs.append((idx, ts, launch_profile(driver.profile, key)))
     return jobs
 
 

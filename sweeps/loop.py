@@ -25,7 +25,7 @@ from sweeps import study as S
 from sweeps.config import SweepSpec, backend_dict
 from sweeps.executor import Executor, RayExecutor, collect, retry_reason
 from sweeps.ownership import StudyHold, abandon, guarded, prepare
-from sweeps.preflight import check_launcher, emulator_profile, ensure_writable
+from sweeps.preflight import check_launcher, emulator_profile, ensure_writable, launch_profile
 from sweeps.publish import Publisher, guard
 from sweeps.queue_order import pop_priority
 from sweeps.record_io import interrupted_result, write_outcome
@@ -255,7 +255,8 @@ class Driver:
         self._submit(trial, params, probes.first(self, trial, params, tspec), attempt=1)
 
     def _submit(self, trial: optuna.trial.Trial, params: dict[str, Any], tspec: TrialSpec, attempt: int) -> None:
-        self.inflight[self.executor.submit(tspec, self.profile)] = InFlight(trial, params, tspec, attempt)
+        prof = launch_profile(self.profile, f"{self.study_name}/{trial.number}/{attempt}/{int(tspec.probe)}")
+        self.inflight[self.executor.submit(tspec, prof)] = InFlight(trial, params, tspec, attempt)
 
     # ---- collecting results ---------------------------------------------------------------
     def _collect(self, ref: Any) -> None:

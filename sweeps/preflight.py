@@ -28,6 +28,22 @@ def emulator_profile(spec: SweepSpec) -> dict[str, Any] | None:
                                                   backend_dict(spec))
 
 
+def launch_profile(profile: dict[str, Any] | None, launch_key: str) -> dict[str, Any] | None:
+    """The emulator profile for ONE launch: its run-to-run noise seed drawn from ``launch_key``
+    (study, trial, attempt or confirmation round and repeat), so every launch draws fresh noise
+    like a real node's -- a re-measurement never replays an earlier one -- and the same launch
+    replays identically (deterministic tests). None (a real engine) stays None."""
+    if profile is None:
+        return None
+    import copy
+    import zlib
+
+    prof = copy.deepcopy(profile)
+    base = int(prof["emulator"].get("seed") or 0)
+    prof["emulator"]["seed"] = (base + zlib.crc32(launch_key.encode())) % 2**31
+    return prof
+
+
 def ensure_writable(spec: SweepSpec) -> None:
     """Raises SweepError when the store or findings directory cannot be written."""
     for d in (spec.store_dir, spec.findings_path.parent):

@@ -210,3 +210,19 @@ def test_findings_written_by_the_sweep_carry_its_confirmation(tmp_path):
     text = spec.findings_path.read_text()
     assert "### Confirmation" in text, text[-2000:]
     assert f"t{conf['winner']}" in text.split("### Confirmation", 1)[1]
+
+
+def test_a_reconfirmation_draws_fresh_measurements(tmp_path):
+    """Every launch draws its own run-to-run noise: confirming again with more repeats measures
+    anew instead of replaying the first round's numbers."""
+    from sweeps.confirm import confirm_top
+
+    spec = _spec(tmp_path, ["sweep.confirm.top_k=1", "sweep.confirm.repeats=3"])
+    drv = run_in_process(spec)
+    first = {e["trial"]: e["values"] for e in drv.study.user_attrs["confirmation"]["entries"]}
+    again = confirm_top(drv, k=1, repeats=4)
+    second = {e["trial"]: e["values"] for e in again["entries"]}
+    assert first.keys() == second.keys()
+    for t in first:
+        assert second[t][:3] != first[t], (t, first[t], second[t])
+        assert len(set(second[t])) == len(second[t])  # repeats differ within a round too

@@ -33,7 +33,9 @@ class InstantBackend(EmulatedBackend):
         """Evaluate the trial with the emulator's model; times are the modelled ones (time_scale 1)."""
         t0 = time.monotonic()
         res, argv, _ = new_result(self, spec, profile)
-        out = simulate(profile or {}, argv, dict(spec.env), spec.bench, seed=spec.trial_number)
+        # the launch's own noise seed (the driver draws one per launch) with the trial number
+        seed = int(((profile or {}).get("emulator") or {}).get("seed") or 0) * 1_000_003 + spec.trial_number
+        out = simulate(profile or {}, argv, dict(spec.env), spec.bench, seed=seed % 2**31)
         res.launch_command = launch_command(argv, spec.env)
         res.server_log = redact_text(out.get("log", ""))
         res.log_tail = tail(res.server_log)
