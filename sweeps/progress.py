@@ -115,7 +115,8 @@ class Progress:
         gpu_h = sum(r.timings.get("gpu_s", 0.0) for r in recs) / 3600
         booked = f"booked on the {self.node} (modelled, no real GPU used)" if self.node.startswith("emulated") \
             else f"on {self.node or 'the node'} (real GPUs)"
-        c.print(escape(f"{launched} trials launched, {len(recs) - launched} answered without GPU time, "
+        answered = sum(not r.launched and r.state not in ("RUNNING", "WAITING") for r in recs)
+        c.print(escape(f"{launched} trials launched, {answered} answered without GPU time, "
                        f"{gpu_h:.3f} GPU-hours {booked}."))
         if baseline:
             c.print(f"baseline: {metric_text(obj.name, baseline)}")

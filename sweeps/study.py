@@ -133,6 +133,12 @@ def open_study(spec: SweepSpec, name: str | None = None) -> optuna.Study:
     return study
 
 
+class StudyInUse(SweepError):
+    """Another live driver holds the study on this store (exit 2, like a lease held elsewhere)."""
+
+    exit_code = 2
+
+
 def lock_study(spec: SweepSpec, study_name: str) -> int:
     """One driver per study on this store: a second one would fail the first's running
     trials as stale. The lock (flock on ``<store>/locks/<study>.lock``) dies with the process.
@@ -140,7 +146,7 @@ def lock_study(spec: SweepSpec, study_name: str) -> int:
     Returns:
         the lock's file descriptor (close it to release the lock).
     Raises:
-        SweepError: another live driver holds the study.
+        StudyInUse: another live driver holds the study.
     """
     d = spec.store_dir / "locks"
     d.mkdir(parents=True, exist_ok=True)
@@ -150,7 +156,7 @@ def lock_study(spec: SweepSpec, study_name: str) -> int:
     except OSError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise SweepError(f"study {study_name!r} is being run by another driver (pid {holder}); wait for it, "
+        raise StudyInUse(f"study {study_name!r} is being run by another driver (pid {holder}); wait for it, "
                          f"or run a separate study with study_name=<name>") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
