@@ -23,10 +23,10 @@ from sweeps.config import load_spec
 from sweeps.inprocess import run_in_process
 from tests.conftest import compose_cfg
 
-pytestmark = pytest.mark.slow  # 6 in-process sweeps of 100 asks: ~1-2 min on 2 cores
+pytestmark = pytest.mark.slow  # 6 in-process sweeps of 200 asks: ~2-4 min on 2 cores
 
 SEEDS = (0, 1, 2)
-ASKS = 100
+ASKS = 200  # every skip is followed by an enqueued untried config: ~half the asks are the sampler's own
 
 
 def dead_rate(sampler: str, seed: int, tmp) -> tuple[float, int]:
