@@ -18,6 +18,7 @@ from typing import Any
 from sweeps import records as R
 from sweeps.findings.load import break_even_metrics
 from sweeps.objective import ObjectiveSet
+from sweeps.study import SweepError
 from tasks.trial_load import CURVE_KEYS, LEVEL_KEYS, derived_metrics
 from tasks.types import BenchSpec
 
@@ -49,10 +50,35 @@ def trial_bench(drv: Any) -> BenchSpec:
     return with_incumbent(drv.spec.bench_spec(), lambda: R.load_records(drv.study), drv.objectives)
 
 
+#: metrics the driver adds after :func:`derived` (the ratio to the baseline)
+LATER_KEYS = frozenset({"speedup_vs_baseline"})
+
+
+class ObjectiveMissing(SweepError):
+    """A benchmarked trial logs no metric the objective (or a constraint) names (exit 2)."""
+
+    exit_code = 2
+
+
 def derived(metrics: Mapping[str, float], spec: Any) -> dict[str, float]:
     """``metrics`` plus :func:`tasks.trial_load.derived_metrics` for ``spec``'s GPUs per trial and
-    ``node.gpu_hour_usd`` (existing keys win)."""
-    return {**derived_metrics(metrics, spec.gpus_per_trial, spec.node.gpu_hour_usd), **metrics}
+    ``node.gpu_hour_usd`` (existing keys win).
+
+    Raises:
+        ObjectiveMissing: ``metrics`` come from a benchmark (not empty) but lack a metric
+            ``sweep.objective`` or ``sweep.objective_constraints`` names: a misspelled objective
+            would otherwise rank nothing for the whole sweep.
+    """
+    out = {**derived_metrics(metrics, spec.gpus_per_trial, spec.node.gpu_hour_usd), **metrics}
+    objs = spec.objective_set.objectives
+    wanted = {o.name for o in objs} | {c.metric for o in objs for c in o.constraints}
+    missing = sorted(wanted - set(out) - LATER_KEYS)
+    if metrics and missing:
+        raise ObjectiveMissing(f"sweep.objective / sweep.objective_constraints: {missing} is not a metric this "
+                               f"sweep's trials log (the first benchmarked trial logged {sorted(out)}); fix the "
+                               f"metric name (or set node.gpu_hour_usd for cost_usd_per_mtok) and start a new "
+                               f"study (new_study=true)")
+    return out
 
 
 def mlflow_metric_keys(bench: BenchSpec) -> set[str]:

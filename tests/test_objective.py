@@ -226,3 +226,17 @@ def test_a_reconfirmation_draws_fresh_measurements(tmp_path):
     for t in first:
         assert second[t][:3] != first[t], (t, first[t], second[t])
         assert len(set(second[t])) == len(second[t])  # repeats differ within a round too
+
+
+@pytest.mark.parametrize("override", ["sweep.objective=nonsense_metric",
+                                      "sweep.objective_constraints=['bogus_metric <= 3']"])
+def test_a_metric_no_trial_logs_stops_the_sweep_at_the_first_result(tmp_path, override):
+    store = tmp_path / "store"
+    args = [*FAST, override, f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]
+    r = subprocess.run([sys.executable, str(REPO / "run_sweep.py"), *args], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=str(tmp_path))
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    name = override.split("=", 1)[1].strip("[]'").split()[0]
+    assert "is not a metric this sweep's trials log" in r.stderr and name in r.stderr, r.stderr[-2000:]
+    assert "decode_tok_s" in r.stderr  # the message lists what trials do log
+    assert "Traceback" not in r.stderr
