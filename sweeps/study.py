@@ -180,20 +180,32 @@ def requeue(study: optuna.Study, params: Mapping[str, Any], user_attrs: Mapping[
     study.enqueue_trial(dict(params), user_attrs={**attrs, "enqueue_attrs": attrs, R.A_REQUEUED: True})
 
 
+class _StoredTrial:
+    """A trial written through the storage by id (a stale RUNNING trial has no live Trial object)."""
+
+    def __init__(self, storage: Any, trial_id: int):
+        self.storage, self.trial_id = storage, trial_id
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        self.storage.set_trial_user_attr(self.trial_id, key, value)
+
+
 def recover_stale(study: optuna.Study) -> int:
     """Fail RUNNING trials left by a killed driver (infra: node_lost) and re-enqueue them.
 
     Returns:
         how many trials were recovered.
     """
+    from sweeps.record_io import write_outcome
+
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        st = study._storage
-        done = [guarded(st.set_trial_user_attr, t._trial_id, k, v, what=f"recovering trial {t.number}") for k, v in (
-            (R.A_STATUS, "interrupted"), (R.A_FAILURE_CLASS, "node_lost"), (R.A_FAILURE_KIND, "infra"),
-            (R.A_SIGNATURE, "driver stopped while the trial was running"))]
-        if not all(done):  # its driver finished it meanwhile (it had lost the lease): nothing to recover
-            continue
+        stored = _StoredTrial(study._storage, t._trial_id)
+        facts = {R.A_STATUS: "interrupted", R.A_FAILURE_CLASS: "node_lost", R.A_FAILURE_KIND: "infra",
+                 R.A_SIGNATURE: "driver stopped while the trial was running"}
+        # the whole record: a record the killed driver wrote just before its tell must not outlive this
+        if not guarded(write_outcome, stored, facts, f"trial {t.number}", what=f"recovering trial {t.number}"):
+            continue  # its driver finished it meanwhile (it had lost the lease): nothing to recover
         tell(study, t.number, verdict_for("interrupted"))
         if t.params:
             attrs = dict(t.user_attrs.get("enqueue_attrs") or {})

@@ -211,3 +211,21 @@ def test_a_local_mlflow_store_that_fails_every_call_stops_the_sweep(tmp_path, mo
     assert getattr(e.value, "exit_code", None) == 2
     finished = [r for r in R.load_records(drv.study) if r.state not in ("RUNNING", "WAITING")]
     assert finished, "the trials measured before the stop are kept in Optuna"
+
+
+def test_stale_recovery_rewrites_a_record_the_killed_driver_left_before_its_tell():
+    """A driver killed between writing a trial's record and telling Optuna leaves the trial
+    RUNNING with a finished-looking record; recovery must rewrite the record, not only the
+    legacy attributes (records are read from the record first)."""
+    import optuna
+
+    from sweeps import study as S
+    from sweeps.record_io import write_outcome
+
+    study = optuna.create_study()
+    t = study.ask()
+    t.suggest_categorical("allreduce", ["custom"])
+    write_outcome(t, {R.A_STATUS: "ok", R.A_FAILURE_CLASS: "allreduce_path_degraded", R.A_FAILURE_KIND: "perf"}, "t0")
+    assert S.recover_stale(study) == 1
+    r = next(r for r in R.load_records(study) if r.number == 0)
+    assert (r.state, r.status, r.failure_class, r.failure_kind) == ("FAIL", "interrupted", "node_lost", "infra"), r
