@@ -84,6 +84,32 @@ def _render(spec: SweepSpec, configs: list[dict[str, Any]]) -> list[tuple[list[s
     return out
 
 
+def _probed_seed_costs(spec: SweepSpec, profile: dict[str, Any], seeds: list[dict[str, Any]],
+                       est: dict[str, Any], seed: int) -> list[float]:
+    """The seeds' GPU-seconds with probe launches priced as the driver runs them: the first
+    launch of a non-baseline level of ``seed_each_level_of`` is a probe (dummy weights, fewer
+    layers); one that fails with a class a probe reveals, or shows a silent fallback, ends
+    there; one that passes is followed by the full launch (probe + full)."""
+    from tasks.emulator.instant import estimate_sweep
+    from tasks.probe import probe_argv, probe_classes
+
+    base, knobs = spec.sweep.baseline, spec.sweep.seed_each_level_of
+    out = list(est["gpu_s"])
+    for i, cfg in enumerate(seeds):
+        if not any(cfg.get(k) is not None and cfg.get(k) != base.get(k) for k in knobs):
+            continue
+        argv, env = _render(spec, [cfg])[0]
+        try:
+            p_argv = probe_argv(argv, "sglang", spec.model.model_dump(), cfg)
+        except ValueError:  # the model cannot be cut: the driver launches in full
+            continue
+        p = estimate_sweep(profile, [(p_argv, env)], spec.bench_spec(), seed + i)
+        cls, tags = p["failure_class"][0], p["perf_tags"][0]
+        ends = (cls is not None and probe_classes().reveals(cls)) or "allreduce_path_degraded" in tags
+        out[i] = p["gpu_s"][0] + (0.0 if ends else est["gpu_s"][i])
+    return out
+
+
 def _learned(est: dict[str, Any], n: int) -> set[str]:
     """Failure classes (and the degraded-allreduce tag) the first ``n`` priced configs teach
     the driver: later configs failing the same way are rule-skipped without GPU time."""
@@ -141,6 +167,8 @@ def estimate_gpu_hours(spec: SweepSpec, sample: int = DEFAULT_SAMPLE, seed: int 
     mean_gpu = sum(g for g, _ in launched) / len(launched)
     mean_wall = sum(w for _, w in launched) / len(launched)
     rest = max(trials - n_seed, 0)
+    if spec.backend.kind in ("sglang", "emulated", "instant"):  # probes: the SGLang-family backends
+        est_seed["gpu_s"] = _probed_seed_costs(spec, profile, seeds, est_seed, seed)
     gpu_s = sum(est_seed["gpu_s"][:n_seed]) + rest * mean_gpu
     wall_s = sum(est_seed["wall_s"][:n_seed]) + rest * mean_wall
     hours = gpu_s / 3600.0

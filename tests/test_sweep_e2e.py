@@ -61,7 +61,8 @@ def test_mlflow_holds_parent_and_children(swept):
         assert k.data.tags["status"]
         assert k.data.params, k.info.run_name
         assert "decode_tok_s" in k.data.metrics or k.data.tags.get("failure_class"), k.data.tags
-    ok = [k for k in kids if k.data.tags["status"] == "ok"]
+    # benchmarked ok runs (a level whose probe showed a silent fallback ends ok, unbenchmarked, with its class)
+    ok = [k for k in kids if k.data.tags["status"] == "ok" and k.data.tags.get("failure_class") != "allreduce_path_degraded"]
     assert ok and all(k.data.metrics["decode_tok_s"] > 0 and "speedup_vs_baseline" in k.data.metrics for k in ok)
     failed = [k for k in kids if k.data.tags["status"] == "failed"]
     # smoke seeds every allreduce level: flashinfer fusion fails on SM120
