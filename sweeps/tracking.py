@@ -26,6 +26,7 @@ from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from sweeps.mlflow_access import HTTP_ENV, denied_status, warn_local_artifacts
 from sweeps.records import TrialRecord, trial_dir
+from sweeps.store_retry import StoreWriteError, retrying
 
 log = logging.getLogger("servesweep.tracking")
 PARENT_ATTR = "mlflow_parent_run_id"
@@ -45,14 +46,18 @@ class MlflowStoreBroken(RuntimeError):
 
 
 def retry(fn: Callable[[], T], what: str, attempts: int = 5, base_delay_s: float = 0.2) -> T:
-    """Call ``fn`` retrying SQLite-busy / connection errors with exponential backoff.
+    """Call ``fn``: a lock/busy error of the store is ridden out for
+    :data:`sweeps.store_retry.RETRY_S` (as every store write), other errors (an unreachable
+    server) are retried ``attempts`` times with exponential backoff.
 
     Raises:
-        the last exception after ``attempts`` tries.
+        StoreWriteError: still locked after the busy budget; else the last exception.
     """
     for i in range(attempts):
         try:
-            return fn()
+            return retrying(fn, what)
+        except StoreWriteError:
+            raise
         except Exception as e:  # noqa: BLE001 - MLflow raises many types for a busy/unreachable store
             if i == attempts - 1 or denied_status(e):  # a 401/403 stays one
                 raise

@@ -229,3 +229,30 @@ def test_stale_recovery_rewrites_a_record_the_killed_driver_left_before_its_tell
     assert S.recover_stale(study) == 1
     r = next(r for r in R.load_records(study) if r.number == 0)
     assert (r.state, r.status, r.failure_class, r.failure_kind) == ("FAIL", "interrupted", "node_lost", "infra"), r
+
+
+def test_mlflow_writes_ride_out_a_lock_longer_than_their_attempts(monkeypatch):
+    """MLflow writes get the store's busy budget: a lock outlasting tracking.retry's 5 attempts
+    is waited out; an unreachable server still fails after its attempts."""
+    from sweeps import tracking
+
+    monkeypatch.setattr(store_retry, "RETRY_S", 5.0)
+    monkeypatch.setattr(tracking.time, "sleep", lambda s: None)
+    calls = {"n": 0}
+
+    def locked_8_times():
+        calls["n"] += 1
+        if calls["n"] <= 8:
+            raise sqlite3.OperationalError("database is locked")
+        return "written"
+
+    assert tracking.retry(locked_8_times, "log a run", attempts=5, base_delay_s=0.0) == "written"
+    down = {"n": 0}
+
+    def unreachable():
+        down["n"] += 1
+        raise ConnectionError("connection refused")
+
+    with pytest.raises(ConnectionError):
+        tracking.retry(unreachable, "log a run", attempts=3, base_delay_s=0.0)
+    assert down["n"] == 3
