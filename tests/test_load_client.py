@@ -109,8 +109,9 @@ def test_load_search_in_an_emulated_server_trial(base, tmp_path):  # noqa: F811
     bench = BenchSpec(input_len=16, output_len=8, warmup_requests=0, repeats=1, request_timeout_s=10,
                       workload=CHAT, slo=SloSpec(ttft_ms_p99=2000, tpot_ms_p99=50),
                       load_search=LoadSearchSpec(rate_lo=1.0, rate_hi=40.0, max_levels=3, rel_tol=0.05))
+    # bench_s: room for 3 levels on a loaded machine (a level past the budget sends nothing and ends the search)
     ts = TrialSpec(sweep="load", trial_number=1, params=NCCL, argv=argv, env=renv, backend="emulated", gpus=8,
-                   bench=bench, timeouts=Timeouts(startup_s=20, health_request_s=2, bench_s=60, term_grace_s=2),
+                   bench=bench, timeouts=Timeouts(startup_s=20, health_request_s=2, bench_s=150, term_grace_s=2),
                    expected_paths=exp)
     res = run_trial(ts, profile, str(tmp_path))
     assert res.status == "ok", (res.failure_class, res.log_tail)
