@@ -179,10 +179,11 @@ def _serve_and_measure(backend: Backend, spec: TrialSpec, argv: list[str], env: 
             if not spec.probe:  # a probe only has to reach ready; a trial must also serve one generation
                 res.warmup_s = ensure_serving(base_url, backend.engine, spec.timeouts.startup_s - res.startup_s)
                 _measure(backend, srv, spec, res)
-        if not port_is_free(ports[0]):
-            time.sleep(1.0)
-            if not port_is_free(ports[0]):
+        deadline = time.monotonic() + max(1.0, spec.timeouts.term_grace_s)  # a SIGKILLed tree releases it late
+        while not port_is_free(ports[0]):
+            if time.monotonic() > deadline:
                 raise LifecycleError(f"port {ports[0]} still bound after teardown", "teardown", "teardown_timeout")
+            time.sleep(0.2)
     if backend.checks_gpus:
         from tasks.gpus import wait_gpus_released
 
