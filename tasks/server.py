@@ -49,6 +49,10 @@ class LifecycleError(RuntimeError):
             the server log decides (the classifier runs on it).
         phase: ``startup`` | ``warmup`` | ``bench`` | ``teardown``.
         exit_code: the server's exit code if it exited.
+        log_upto: size of the server log in bytes when the failure was seen, before teardown
+            (set by :func:`launched_server`), or None. What the server writes after it answers
+            our SIGTERM/SIGKILL (e.g. vLLM's EngineDeadError when its stopped engine core is
+            killed) and is not evidence of the fault.
     """
 
     def __init__(self, msg: str, phase: str, failure_class: str | None = None, exit_code: int | None = None):
@@ -56,6 +60,7 @@ class LifecycleError(RuntimeError):
         self.phase = phase
         self.failure_class = failure_class
         self.exit_code = exit_code
+        self.log_upto: int | None = None
 
 
 @contextlib.contextmanager
@@ -327,6 +332,10 @@ def launched_server(
     try:
         yield srv
         ok = True
+    except LifecycleError as e:
+        with contextlib.suppress(OSError):
+            e.log_upto = log_path.stat().st_size
+        raise
     finally:
         clean = srv.terminate()
         if ok and not clean:

@@ -3,6 +3,7 @@ success, startup failure, crash mid-benchmark, stall, hang; nothing survives tea
 
 from __future__ import annotations
 
+import sys
 import time
 
 import psutil
@@ -144,3 +145,43 @@ def test_benchmark_time_limit_is_enforced(base, tmp_path):
     assert "bench_s" in res.server_log
     assert time.monotonic() - t0 < 15  # 3 x 400 tokens at ~90 tok/s would take ~13 s of benchmark alone
     assert left == []
+
+
+# A server whose streams go silent and who, SIGTERMed, prints a decisive crash line: what it
+# writes while being torn down must not turn the stall the benchmark saw into a crash.
+_SILENT_THEN_LOUD = r'''
+import json, signal, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+def loud(*_):
+    print("RuntimeError: CUDA error: an illegal memory access was encountered", flush=True)
+    sys.exit(1)
+
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200); self.end_headers()
+        if not body.get("stream"):
+            self.wfile.write(b'{"text": "x", "meta_info": {}}'); return
+        time.sleep(3600)
+    def log_message(self, *a):
+        pass
+
+signal.signal(signal.SIGTERM, loud)
+port = int(sys.argv[sys.argv.index("--port") + 1])
+print("The server is fired up and ready to roll!", flush=True)
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def test_what_the_server_says_while_torn_down_is_not_evidence(base, tmp_path):
+    spec, profile = base
+    script = tmp_path / "silent_then_loud.py"
+    script.write_text(_SILENT_THEN_LOUD)
+    ts = TrialSpec(sweep="lifecycle", trial_number=2, params=NCCL, argv=[sys.executable, str(script)],
+                   env={}, backend="sglang", bench=FAST_BENCH, timeouts=Timeouts(startup_s=10, term_grace_s=2))
+    res = run_trial(ts, None, str(tmp_path))
+    assert (res.status, res.failure_class, res.phase) == ("failed", "bench_stall", "bench"), res.failure_signature
+    assert "illegal memory access" in res.server_log  # kept for the reader, not used as evidence

@@ -218,10 +218,13 @@ def run_server_trial(backend: Backend, spec: TrialSpec, profile: dict[str, Any] 
     try:
         _serve_and_measure(backend, spec, argv, env, log_path, res)
     except LifecycleError as e:
+        verdict = f"\n[servesweep] {e.phase}: {e}\n"
         with open(log_path, "a", encoding="utf-8") as f:
-            f.write(f"\n[servesweep] {e.phase}: {e}\n")
+            f.write(verdict)
+        # the evidence is the log as it stood when the failure was seen, before teardown
+        evidence = log_path.read_bytes()[:e.log_upto].decode(errors="replace") + verdict
         rc = e.exit_code  # observed before teardown; after it a SIGTERMed server exits 0
-        _failure(res, log_path.read_text(errors="replace"), rc, e.phase, e.failure_class)
+        _failure(res, evidence, rc, e.phase, e.failure_class)
     except Exception as e:  # noqa: BLE001 - a harness bug is an infra error, never a crashed sweep
         phase = "teardown" if res.bench_s else "bench" if res.startup_s else "startup"
         res.status, res.phase, res.failure_class, res.failure_kind = "infra_error", phase, "unknown", "infra"
