@@ -112,13 +112,36 @@ def _chain(e: BaseException) -> Iterator[BaseException]:
         c = c.__cause__ or c.__context__
 
 
+def _config_path(argv: Sequence[str], conf_dir: Path) -> tuple[Path, list[str]] | None:
+    """``--config-path``/``-cp`` taken out of ``argv`` (relative to the entry script's
+    directory, ``conf_dir``'s parent, as Hydra resolves it): the config directory and the rest;
+    None when another Hydra flag is present."""
+    rest, path, it = [], None, iter(argv)
+    for a in it:
+        if a in ("--config-path", "-cp"):
+            path = next(it, "")
+        elif a.startswith("--config-path="):
+            path = a.split("=", 1)[1]
+        elif a.startswith("-"):
+            return None
+        else:
+            rest.append(a)
+    if path is None:
+        return conf_dir, rest
+    p = Path(path).expanduser()
+    return (p if p.is_absolute() else conf_dir.parent / p), rest
+
+
 def precheck(conf_dir: Path, argv: Sequence[str]) -> str | None:
     """Compose the config with ``argv``'s overrides; the one-line message of a typo'd key, a
-    missing option or unparsable YAML, else None (a command line with Hydra's own flags,
-    ``-m``/``--cfg``/``--help``, is left to ``@hydra.main``)."""
-    if any(a.startswith("-") for a in argv):
+    missing option or unparsable YAML, else None. ``--config-path`` is honoured; a command line
+    with other Hydra flags (``-m``/``--cfg``/``--help``) is left to ``@hydra.main``."""
+    split = _config_path(argv, conf_dir)
+    if split is None:
         return None
-    overrides = list(argv)  # hydra.* too: hydra.searchpath decides which files compose
+    conf_dir, overrides = split  # hydra.* too: hydra.searchpath decides which files compose
+    if not (conf_dir / "config.yaml").is_file():
+        return f"servesweep: --config-path {conf_dir}: no config.yaml there (nothing was started)"
     try:
         _compose(conf_dir, overrides)
     except Exception as e:  # noqa: BLE001 - Hydra and OmegaConf raise many types

@@ -63,3 +63,22 @@ def test_malformed_yaml_is_one_line_with_file_line_column(tmp_path):
 def test_closest_has_a_cutoff():
     assert closest("sweep.budgt", ["sweep.budget", "tracking.uri"]) == "sweep.budget"
     assert closest("zzzz", ["sweep.budget", "tracking.uri"]) is None
+
+
+def test_config_path_is_prechecked_too(tmp_path):
+    """``--config-path`` (a user's own config tree) gets the same one line, not Hydra's traceback."""
+    conf = tmp_path / "myconf"
+    shutil.copytree(CONF, conf)
+    bad = conf / "sweep" / "mine.yaml"
+    bad.write_text("name: mine\n  params: [\n")
+    r = _run(REPO, "--config-path", str(conf), "sweep=mine", "dry_run=true")
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert [x for x in r.stderr.splitlines() if x.strip()] == [
+        f"servesweep: {bad}:2:9: mapping values are not allowed here [line 2, column 9] "
+        "(the YAML does not parse; nothing was started)"], r.stderr
+    assert precheck(CONF, ["--config-path", str(conf), "sweep=smok"]).startswith(
+        "servesweep: no config 'sweep/smok.yaml': did you mean sweep=smoke?")
+    assert "no config.yaml there" in precheck(CONF, [f"--config-path={tmp_path / 'nowhere'}", "sweep=smoke"])
+    assert precheck(CONF, ["--config-path", str(conf), "sweep=smoke"]) is None
+    # relative to the entry script's directory, as Hydra resolves it
+    assert precheck(CONF, ["--config-path", "conf", "sweep=smoke"]) is None
