@@ -5,8 +5,11 @@ A tracking server with authentication (``mlflow server --app-name basic-auth``) 
 401 (no or wrong credentials) or 403 (no EDIT permission on the experiment: creating runs,
 logging metrics, tags and artifacts all need EDIT; READ is the server's usual default).
 Either is a configuration error: :func:`check_access` raises :class:`MlflowDenied` (the
-driver exits 2) before the study or the parent run exist. An unreachable server is not:
-the sweep goes on and syncs later (:mod:`sweeps.tracking`).
+driver exits 2) before the study or the parent run exist. So is a server that answers but
+has no MLflow REST API there (MLflow's ``ENDPOINT_NOT_FOUND``, HTTP 404 for the API path: a
+``tracking.uri`` naming another service or a wrong path), :class:`NotMlflow`; waiting
+would never help. An unreachable server is not: the sweep goes on and syncs later
+(:mod:`sweeps.tracking`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,17 @@ KIND_TAG = ("mlflow.experimentKind", "custom_model_development")  # the tag the 
 
 class MlflowDenied(RuntimeError):
     """MLflow refused this driver (401/403): names the experiment and the permission needed."""
+
+
+class NotMlflow(MlflowDenied):
+    """``tracking.uri`` answers HTTP but not MLflow's REST API (404 ``ENDPOINT_NOT_FOUND``)."""
+
+
+def not_mlflow_message(uri: str) -> str:
+    """What to do when ``uri`` answers 404 for MLflow's REST API."""
+    return (f"tracking.uri {uri} answers HTTP but has no MLflow REST API (404 for /api/2.0/mlflow/...): it is "
+            f"another service, or the URI has a wrong path or port. Fix: tracking.uri=http://<host>:<port> of an "
+            f"`mlflow server` (check: curl <uri>/health answers OK). Nothing was started.")
 
 
 def is_http(uri: str | None) -> bool:
@@ -66,7 +80,8 @@ def check_access(uri: str, experiment: str) -> None:
     (its creator gets MANAGE on it). Local stores (SQLite, files) have no permissions.
 
     Raises:
-        MlflowDenied: 401 or 403. An outage is only logged (the sweep syncs later).
+        MlflowDenied: 401 or 403.
+        NotMlflow: the server has no MLflow REST API. An outage is only logged (the sweep syncs later).
     """
     if not is_http(uri):
         return
@@ -83,6 +98,8 @@ def check_access(uri: str, experiment: str) -> None:
         status = denied_status(e)
         if status is not None:
             raise MlflowDenied(denied_message(status, uri, experiment)) from None
+        if getattr(e, "error_code", None) == "ENDPOINT_NOT_FOUND":  # mlflow.utils.rest_utils: get_error_code(404)
+            raise NotMlflow(not_mlflow_message(uri)) from None
         log.warning("MLflow at %s unreachable (%s); the sweep goes on and syncs later", uri, str(e).splitlines()[0][:200])
 
 

@@ -4,13 +4,14 @@
 :func:`sweeps.study.lock_study` (one store dir; SQLite's only guard before) plus the
 :class:`sweeps.lease.StudyLease` in the study's own storage (any machine), renewed by a
 keeper thread. :func:`prepare` is the part of ``Driver.setup`` that runs before the study,
-the rules or an MLflow run exist: the hold, the executor (Ray: reachable, token auth,
-trial slots) and MLflow's permission. A failure there leaves nothing behind but the released
+the rules or an MLflow run exist: the hold, MLflow's permission (before Ray starts) and
+the executor (Ray: reachable, token auth, trial slots). A failure there leaves nothing behind but the released
 lease row.
 
 :data:`REFUSALS` are the set-up refusals that are configuration errors (exit 2): another
 live driver holds the study (:class:`~sweeps.lease.LeaseHeld`, naming host, pid and since
-when) or MLflow denies EDIT (:class:`~sweeps.mlflow_access.MlflowDenied`).
+when), MLflow denies EDIT (:class:`~sweeps.mlflow_access.MlflowDenied`) or ``tracking.uri``
+is no MLflow server (:class:`~sweeps.mlflow_access.NotMlflow`).
 """
 
 from __future__ import annotations
@@ -79,15 +80,15 @@ def prepare(drv: Any) -> None:
     the driver tracks, MLflow's permission on the experiment.
 
     Raises:
-        SweepError, LeaseHeld (see :func:`hold_study`); RayUnavailable; MlflowDenied (401/403).
+        SweepError, LeaseHeld (see :func:`hold_study`); MlflowDenied (401/403, NotMlflow); RayUnavailable.
     """
     drv.hold = hold_study(drv.spec, drv.study_name)
+    if drv.track:  # before Ray starts: a refusal is a configuration error, answered at once
+        check_access(drv.spec.mlflow_uri, drv.spec.sweep.name)
     drv.executor = drv.make_executor()
     drv.progress.slots = drv.executor.slots
     if getattr(drv.executor, "ray", None) is not None:
         check_on_nodes(drv.spec, drv.executor.ray)  # the engine and GPU checks, on each GPU node
-    if drv.track:
-        check_access(drv.spec.mlflow_uri, drv.spec.sweep.name)
 
 
 def abandon(drv: Any, reason: str) -> NoReturn:

@@ -114,6 +114,31 @@ def test_401_403_are_refusals_and_an_outage_is_not(monkeypatch, caplog):
     assert "unreachable" in caplog.text
 
 
+def test_a_server_without_mlflow_is_refused_before_anything_is_created(tmp_path, monkeypatch):
+    """A ``tracking.uri`` naming another HTTP service (here a static file server) answers 404 for
+    MLflow's REST API: a configuration error (exit 2, nothing recorded), not an outage to wait out."""
+    import http.server
+    import threading
+
+    for k, v in M.HTTP_ENV.items():
+        monkeypatch.setenv(k, v)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        with pytest.raises(M.NotMlflow, match="no MLflow REST API"):
+            M.check_access(uri, "smoke")
+        drv = InProcessDriver(_spec(tmp_path / "store", f"sqlite:///{tmp_path}/optuna.db",
+                                    extra=[f"tracking.uri={uri}"]), "shared", track=True)
+        with pytest.raises(M.NotMlflow) as e:
+            execute(drv)
+        assert isinstance(e.value, ownership.REFUSALS)  # the driver's exit 2
+        assert not hasattr(drv, "study")  # refused before the study and the parent run exist
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def test_a_local_artifact_location_under_a_server_is_warned_about(caplog):
     exp = SimpleNamespace(name="smoke", artifact_location="file:///home/a/servesweep/mlflow/artifacts")
     with caplog.at_level(logging.WARNING, logger="servesweep.tracking"):
