@@ -151,7 +151,10 @@ def first(drv: Any, trial: Any, params: dict[str, Any], tspec: TrialSpec) -> Tri
     try:
         argv = probe_argv(tspec.argv, engine, drv.spec.model.model_dump(), params)
     except ValueError as e:  # a model the probe cannot cut (no layer count): launch in full
-        log.warning("trial %d: no probe (%s)", trial.number, e)
+        if not drv.__dict__.get("_probe_off_said"):  # said once: it holds for every trial of the sweep
+            drv._probe_off_said = True
+            log.info("no probe launches for model %s (%s): every trial launches in full",
+                     drv.spec.model.name, e)
         return tspec
     drv.__dict__.setdefault("_probe_full", {})[trial.number] = (tspec, reason)
     return dataclasses.replace(tspec, argv=argv, probe=True)

@@ -137,7 +137,8 @@ def model_geometry(model_cfg: Mapping[str, Any]) -> ModelGeometry:
     probe = model_cfg.get("probe") or emu.get("probe") or {}
     n = probe.get("num_layers", emu.get("num_layers"))
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"model.emulator.num_layers: a positive int is needed for a probe (got {n!r})")
+        raise ValueError(f"model.probe.num_layers or model.emulator.num_layers: a positive int is needed for a probe "
+                         f"(got {n!r})")
     n_moe = int(emu.get("num_moe_layers", 0) or 0)
     moe = bool(model_cfg.get("moe", n_moe > 0))
     k_dense = int(probe.get("first_k_dense", max(0, n - n_moe) if moe else 0))
