@@ -244,3 +244,9 @@ def check_constraints(v: list[str]) -> list[str]:
     for c in v:
         MetricConstraint.parse(c)
     return v
+
+
+def metric_text(name: str, v: float | None) -> str:
+    """``87.6 tok/s`` for a throughput metric, ``82.0 ttft_ms_p50`` for any other."""
+    val = float("nan") if v is None else v
+    return f"{val:.1f} tok/s" if name.endswith("tok_s") else f"{val:.1f} {name}"

@@ -15,15 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from sweeps.objective import Objective
+from sweeps.objective import Objective, metric_text
 from sweeps.records import DEFAULT_OBJECTIVE, TrialRecord, load_records, ranked_records, value_of
 from sweeps.tracking import run_name
-
-
-def metric_text(name: str, v: float | None) -> str:
-    """``87.6 tok/s`` for a throughput metric, ``82.0 ttft_ms_p50`` for any other."""
-    val = float("nan") if v is None else v
-    return f"{val:.1f} tok/s" if name.endswith("tok_s") else f"{val:.1f} {name}"
 
 
 def eta_s(walls: list[float], left: int, running: int, slots: int) -> float:

@@ -84,6 +84,7 @@ class Publisher:
 
             sp = self.spec
             self.tracker = Tracker(sp.mlflow_uri, sp.sweep.name, sp.artifact_location)
+            self.tracker.objective = self.objectives.primary
             self.tracker.metric_keys |= {*self.objectives.names,
                                          *(c.metric for o in self.objectives.objectives for c in o.constraints)}
             self.tracker.metric_keys |= mlflow_metric_keys(sp.bench_spec())

@@ -25,7 +25,8 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from sweeps.mlflow_access import HTTP_ENV, denied_status, warn_local_artifacts
-from sweeps.records import TrialRecord, trial_dir
+from sweeps.objective import Objective, metric_text
+from sweeps.records import DEFAULT_OBJECTIVE, TrialRecord, trial_dir, value_of
 from sweeps.store_retry import StoreWriteError, retrying
 
 log = logging.getLogger("servesweep.tracking")
@@ -66,9 +67,17 @@ def retry(fn: Callable[[], T], what: str, attempts: int = 5, base_delay_s: float
     raise AssertionError("unreachable")
 
 
+#: the campaign's knobs, which :func:`run_name` renders compactly (``nccl/Ring g128 3/1/4``)
+CAMPAIGN_KNOBS = frozenset({"speculative", "allreduce", "nccl_algo", "nccl_proto", "cuda_graph_max_bs",
+                            "eagle_num_steps", "eagle_topk", "eagle_num_draft_tokens", "moe_a2a_backend"})
+
+
 def run_name(r: TrialRecord) -> str:
-    """Readable child run name, e.g. ``t012 eagle3 nccl/Ring g128``."""
+    """Readable child run name, e.g. ``t012 eagle3 nccl/Ring g128`` for the campaign's knobs;
+    any other space names every knob: ``t005 max_num_seqs=32 dtype=bfloat16 ...``."""
     p = r.params
+    if not set(p) <= CAMPAIGN_KNOBS:
+        return " ".join([f"t{r.number:03d}", *(f"{k}={v}" for k, v in p.items() if v is not None)])
     bits = [f"t{r.number:03d}", str(p.get("speculative", "none"))]
     ar = str(p.get("allreduce", "nccl"))
     if "allreduce_path_degraded" in r.perf_tags:
@@ -84,12 +93,14 @@ def run_name(r: TrialRecord) -> str:
     return " ".join(bits)
 
 
-def run_label(r: TrialRecord) -> str:
+def run_label(r: TrialRecord, objective: Objective = DEFAULT_OBJECTIVE) -> str:
     """Child run name with its outcome, so the MLflow runs table is readable without
-    configuring columns: ``t012 eagle3 nccl/Ring g128 3/1/4 · 54.1 tok/s`` or
+    configuring columns: ``t012 eagle3 nccl/Ring g128 3/1/4 · 54.1 tok/s`` (the sweep's
+    ``objective``: ``· 2.6 max_rate_at_slo_req_s`` for a goodput sweep) or
     ``t003 none flashinfer_fusion g512 · flashinfer_allreduce_fusion_unsupported_arch``."""
-    if r.status == "ok" and r.value is not None:
-        return f"{run_name(r)} · {r.value:.1f} tok/s"
+    v = value_of(r, objective)
+    if v is not None:
+        return f"{run_name(r)} · {metric_text(objective.name, v)}"
     outcome = r.failure_class or r.status
     if r.skipped_by_rule:
         outcome = f"skipped: {outcome}"
@@ -129,6 +140,8 @@ class Tracker:
         self._failures = 0  # failed sync attempts in a row
         #: metrics logged on child runs; the sweep adds its objective and constrained metrics
         self.metric_keys: set[str] = set(METRIC_KEYS)
+        #: the value a child run's name shows (the sweep's primary objective)
+        self.objective: Objective = DEFAULT_OBJECTIVE
         exp = retry(lambda: self.client.get_experiment_by_name(experiment), "get experiment")
         if exp is None:
             self.experiment_id = retry(
@@ -301,7 +314,8 @@ class Tracker:
         tags = {k: v for k, v in tags.items() if v not in ("", None)}
         tags["status"] = r.status
         run = retry(
-            lambda: self.client.create_run(self.experiment_id, run_name=run_label(r), start_time=_ms(r.datetime_start),
+            lambda: self.client.create_run(self.experiment_id, run_name=run_label(r, self.objective),
+                                           start_time=_ms(r.datetime_start),
                                            tags={"trial_key": key, "mlflow.parentRunId": self.parent_run_id}),
             "create child run",
         )

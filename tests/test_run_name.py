@@ -32,3 +32,22 @@ def test_run_label_carries_the_outcome():
     skip = TrialRecord(number=9, state="PRUNED", params=base, status="skipped", skipped_by_rule="4",
                        failure_class="nccl_env_algo_proto_invalid")
     assert run_label(skip).endswith("· skipped: nccl_env_algo_proto_invalid")
+
+
+def test_a_space_beyond_the_campaign_names_every_knob():
+    """A vLLM CPU sweep's runs differ by max_num_seqs, dtype...: the name shows them, never the
+    campaign's defaults (``none nccl``) for knobs the space does not have."""
+    p = {"speculative": "none", "max_num_seqs": 32, "dtype": "bfloat16", "chunked_prefill": True}
+    name = run_name(TrialRecord(number=5, state="COMPLETE", params=p, status="ok"))
+    assert name == "t005 speculative=none max_num_seqs=32 dtype=bfloat16 chunked_prefill=True"
+
+
+def test_run_label_shows_the_sweeps_objective():
+    from sweeps.objective import Objective
+    from sweeps.tracking import run_label
+
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
+    r = TrialRecord(number=2, state="COMPLETE", params=base, status="ok",
+                    metrics={"decode_tok_s": 89.46, "max_rate_at_slo_req_s": 2.61})
+    assert run_label(r, Objective("max_rate_at_slo_req_s", "maximize")) == "t002 none nccl g128 · 2.6 max_rate_at_slo_req_s"
+    assert run_label(r, Objective("ttft_ms_p50", "minimize")).endswith("· ok")  # the objective was not measured
