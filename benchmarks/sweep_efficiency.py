@@ -311,6 +311,19 @@ def physical_limit_gpu_hours(rows: list[Row], spec: Any, target: float) -> float
     return (base.gpu_s + min(hits, default=0.0)) / 3600
 
 
+def seeding(spec: Any) -> dict[str, Any]:
+    """What servesweep launches before its sampler: the sweep's seed configs (the baseline,
+    ``seed_trials``, one per level of ``seed_each_level_of``), and which of them are the
+    space's startup dead ends (each costs a probe)."""
+    from sweeps.space import seed_configs
+
+    sw = spec.sweep
+    configs = seed_configs(spec.space, sw.baseline, sw.seed_trials, sw.seed_each_level_of)
+    return {"configs": len(configs), "seed_trials": len(sw.seed_trials),
+            "seed_each_level_of": list(sw.seed_each_level_of),
+            "dead_ends": sum(_evaluate(c).status != "ok" for c in configs)}
+
+
 def _verdict(ratio: float, goal: float) -> str:
     if ratio != ratio:
         return "not measured"
@@ -335,8 +348,12 @@ def _probe_goals(summary: dict[str, Any], meta: dict[str, Any]) -> list[str]:
     lines.append(f"- GPU-s on configs that fail at startup / their full launches' cost = {f:.3f} "
                  f"(goal <= {GOAL_DEAD_END_FRACTION}): {_verdict(f, GOAL_DEAD_END_FRACTION)}")
     s = summary["servesweep"]
-    lines += ["", f"Where servesweep's GPU-hours go: the seed trials (baseline and EAGLE-3 seed in full, the "
-              f"allreduce / NCCL / all-to-all levels as probes, the passing ones then in full), then the "
+    sd = meta.get("seeding") or {}
+    lines += ["", f"Where servesweep's GPU-hours go: the {sd.get('configs', '?')} seed trials (the baseline, "
+              f"{sd.get('seed_trials', '?')} `seed_trials`, one per level of "
+              f"{', '.join(sd.get('seed_each_level_of') or []) or 'no knob'}; a non-baseline level of a seeded "
+              f"knob or a config a shipped dead end names is launched as a probe first, a passing probe "
+              f"then in full; {sd.get('dead_ends', '?')} of the seeds are startup dead ends), then the "
               f"sampler's launches. Of those, a mean {s.get('mean_untried_launches', 0):.1f} per run "
               f"({s.get('mean_untried_gpu_hours', 0):.2f} GPU-h) were untried configs drawn in place of "
               f"proposals answered without a launch (sweeps/untried.py: nearest the proposal after a "
@@ -387,8 +404,7 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
               "start-up phase (Optuna's RandomSampler with the same seed) until it has "
               "`n_startup_trials` successes: on most seeds it is the random arm, and a run that "
               "keeps landing in dead regions (seed 0) does not recover. servesweep pays a fixed "
-              "cost for its seed trials (baseline, the EAGLE-3 seed, one trial per allreduce / "
-              "NCCL algo / MoE A2A level, 4 of which are the campaign's dead ends): with probe launches "
+              "cost for its seed trials (above): with probe launches "
               "(sweeps/probes.py) the dead ends and the silently degraded custom level cost a probe "
               "(dummy weights, no weight load, capture scaled by layers) instead of a full launch; "
               "a lucky random draw can still beat it (the first random launch can hit the target)."]
@@ -449,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             "objective": _spec().objective_set.primary.name,
             "best_tok_s": best.true_tok_s, "best_config": best.key, "target_tok_s": target,
             "target_fraction": a.target, "target_configs": sum(r.true_tok_s >= target for r in good),
-            "cap_trials": a.cap_trials, "elapsed_s": time.monotonic() - t0}
+            "cap_trials": a.cap_trials, "seeding": seeding(_spec()), "elapsed_s": time.monotonic() - t0}
     a.out.mkdir(parents=True, exist_ok=True)
     stem = "sweep_efficiency" if a.space == "eagle3_allreduce" else f"sweep_efficiency_{a.space}"
     (a.out / f"{stem}.json").write_text(json.dumps(
