@@ -114,10 +114,12 @@ def _existing_confirm_keys(tracker: Tracker) -> set[str]:
 
 
 def sync_confirmation(tracker: Tracker, study_name: str, confirmation: Mapping[str, Any] | None,
-                      objective: str, run_id_of: Callable[[int], str | None]) -> int:
+                      objective: str, run_id_of: Callable[[int], str | None],
+                      context: Mapping[str, str] | None = None) -> int:
     """One MLflow run per confirmation launch, nested under the confirmed trial's run
     (``mlflow.parentRunId`` = that run, tag ``servesweep.role=confirmation``): FINISHED with
-    ``<objective>`` for a repeat that measured, FAILED for one that did not. Idempotent
+    ``<objective>`` for a repeat that measured, FAILED for one that did not, tagged with
+    ``context`` too (``backend``, ``node_profile``: as the trial runs are). Idempotent
     (``confirm_key`` = ``<study>/confirm/<date>/<trial>/<repeat>``). Returns runs created."""
     conf = confirmation or {}
     if not conf.get("entries"):
@@ -132,15 +134,16 @@ def sync_confirmation(tracker: Tracker, study_name: str, confirmation: Mapping[s
             key = f"{study_name}/confirm/{conf.get('date', '')}/{e['trial']}/{rep}"
             if key in done:
                 continue
-            _log_confirm_run(tracker, key, parent, e, rep, objective)
+            _log_confirm_run(tracker, key, parent, e, rep, objective, context or {})
             n += 1
     return n
 
 
-def _log_confirm_run(tracker: Tracker, key: str, parent: str, e: Mapping[str, Any], rep: int, objective: str) -> None:
+def _log_confirm_run(tracker: Tracker, key: str, parent: str, e: Mapping[str, Any], rep: int, objective: str,
+                     context: Mapping[str, str]) -> None:
     vals = list(e.get("values") or [])
     ok = rep < len(vals)
-    tags = {"mlflow.parentRunId": parent, "servesweep.role": CONFIRM_ROLE, "confirm_key": key,
+    tags = {**context, "mlflow.parentRunId": parent, "servesweep.role": CONFIRM_ROLE, "confirm_key": key,
             "servesweep.study_run": tracker.parent_run_id or "", "confirms_trial": str(e["trial"]),
             "repeat": str(rep), "status": "ok" if ok else "failed", "verdict": str(e.get("verdict") or "")}
     if not ok:
@@ -176,7 +179,8 @@ def log_truth(tracker: Tracker, spec: Any, study_name: str, study: Any, recs: li
         return runs[0].info.run_id if runs else None
 
     try:
-        sync_confirmation(tracker, study_name, conf, obj, run_id_of)
+        sync_confirmation(tracker, study_name, conf, obj, run_id_of,
+                          {"backend": spec.backend.kind, "node_profile": spec.node.name})
     except Exception as e:  # noqa: BLE001 - the parent's numbers still go out
         log.warning("could not log the confirmation runs to MLflow: %s", e)
     if ct.get("confirmed_trial"):

@@ -125,6 +125,10 @@ def test_confirmation_runs_are_nested_under_the_trial_they_confirm(swept):
     for c in confirms:
         tr = by_id[_tags(c)["mlflow.parentRunId"]]
         assert _tags(tr)["trial_number"] == _tags(c)["confirms_trial"]
+        # filterable like the trial runs: what ran where
+        assert {k: _tags(c).get(k) for k in ("backend", "node_profile")} == {
+            k: _tags(tr).get(k) for k in ("backend", "node_profile")}
+        assert _tags(c)["backend"]
         if c["info"]["status"] == "FINISHED":
             assert _metrics(c)["decode_tok_s"] > 0
 
