@@ -49,10 +49,11 @@ class LifecycleError(RuntimeError):
             the server log decides (the classifier runs on it).
         phase: ``startup`` | ``warmup`` | ``bench`` | ``teardown``.
         exit_code: the server's exit code if it exited.
-        log_upto: size of the server log in bytes when the failure was seen, before teardown
-            (set by :func:`launched_server`), or None. What the server writes after it answers
-            our SIGTERM/SIGKILL (e.g. vLLM's EngineDeadError when its stopped engine core is
-            killed) and is not evidence of the fault.
+        log_upto: size of the server log in bytes when the failure was seen in a server still
+            running (set by :func:`launched_server` before it signals the tree), or None (the
+            server exited by itself: its whole log, children's late lines included, is
+            evidence). What a live server writes after that answers our SIGTERM/SIGKILL (e.g.
+            vLLM's EngineDeadError when its stopped engine core is killed), not the fault.
     """
 
     def __init__(self, msg: str, phase: str, failure_class: str | None = None, exit_code: int | None = None):
@@ -333,8 +334,9 @@ def launched_server(
         yield srv
         ok = True
     except LifecycleError as e:
-        with contextlib.suppress(OSError):
-            e.log_upto = log_path.stat().st_size
+        if srv.returncode() is None:  # a live server we are about to signal; one that exited said its piece
+            with contextlib.suppress(OSError):
+                e.log_upto = log_path.stat().st_size
         raise
     finally:
         clean = srv.terminate()

@@ -185,3 +185,31 @@ def test_what_the_server_says_while_torn_down_is_not_evidence(base, tmp_path):
     res = run_trial(ts, None, str(tmp_path))
     assert (res.status, res.failure_class, res.phase) == ("failed", "bench_stall", "bench"), res.failure_signature
     assert "illegal memory access" in res.server_log  # kept for the reader, not used as evidence
+
+
+# A server that fails by itself at startup: the parent exits at once, its engine child (busy
+# finishing its own crash, deaf to SIGTERM) prints the decisive NCCL line a moment later.
+_EXITS_CHILD_SPEAKS_LATE = r'''
+import subprocess, sys
+CHILD = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+time.sleep(1.0)
+print('NCCL WARN Error : no algorithm/protocol available for function AllGather with datatype '
+      'ncclBfloat16. NCCL_ALGO was set to Tree.', flush=True)
+"""
+subprocess.Popen([sys.executable, "-c", CHILD])
+print("scheduler died during init, exiting", flush=True)
+sys.exit(1)
+'''
+
+
+def test_a_server_that_exited_by_itself_keeps_its_childrens_late_lines(base, tmp_path):
+    script = tmp_path / "exits_child_speaks_late.py"
+    script.write_text(_EXITS_CHILD_SPEAKS_LATE)
+    ts = TrialSpec(sweep="lifecycle", trial_number=3, params=NCCL, argv=[sys.executable, str(script)],
+                   env={}, backend="sglang", bench=FAST_BENCH, timeouts=Timeouts(startup_s=10, term_grace_s=3))
+    res = run_trial(ts, None, str(tmp_path))
+    assert (res.status, res.failure_class, res.phase) == ("failed", "nccl_env_algo_proto_invalid", "startup"), (
+        res.failure_class, res.failure_signature, res.log_tail)
+    assert res.failure_kind == "deterministic"
