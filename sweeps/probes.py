@@ -46,7 +46,7 @@ from sweeps.publish import guard
 from tasks.types import TrialResult, TrialSpec
 
 log = logging.getLogger("servesweep")
-A_PROBE = "probe"
+A_PROBE = R.A_PROBE
 #: Engines whose launches a probe can render (tasks.probe.ENGINES), by backend kind.
 ENGINE_OF_BACKEND = {"sglang": "sglang", "emulated": "sglang", "instant": "sglang", "vllm": "vllm"}
 

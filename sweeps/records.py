@@ -43,6 +43,9 @@ A_VIOLATED = "violated_constraints"
 A_RECORD = "record"
 #: set on a trial enqueued again because its first run was interrupted (runs first: sweeps.queue_order)
 A_REQUEUED = "requeued"
+#: the trial's probe launch, when it had one (sweeps.probes): result, failure_class, signature,
+#: gpu_s, startup_s (s), reason, dead_end, attempts
+A_PROBE = "probe"
 
 
 def config_key(params: dict[str, Any]) -> str:
@@ -60,6 +63,7 @@ class TrialRecord:
         metrics: ``decode_tok_s`` (tok/s), ``output_tok_s``, ``ttft_ms_p50``, ``itl_ms_p50``,
             ``itl_ms_p99`` (ms), ``accept_length``, ``speedup_vs_baseline`` (ratio).
         timings: ``startup_s``, ``bench_s``, ``gpu_s``, ``wall_s`` (s).
+        probe: the trial's probe launch (``A_PROBE``), or None when it was launched in full only.
     """
 
     number: int
@@ -84,6 +88,7 @@ class TrialRecord:
     violated: list[str] = field(default_factory=list)
     datetime_start: Any = None
     datetime_complete: Any = None
+    probe: dict[str, Any] | None = None
 
     @property
     def launched(self) -> bool:
@@ -144,6 +149,7 @@ def record_from_trial(t: FrozenTrial) -> TrialRecord:
         violated=list(u.get(A_VIOLATED) or []),
         datetime_start=t.datetime_start,
         datetime_complete=t.datetime_complete,
+        probe=t.user_attrs.get(A_PROBE),
     )
 
 

@@ -306,6 +306,7 @@ class Tracker:
             "skipped_by_rule": r.skipped_by_rule or "",
             "duplicate_of": "" if r.duplicate_of is None else str(r.duplicate_of),
             "is_baseline": str(r.is_baseline).lower(),
+            "probe_result": (r.probe or {}).get("result") or "",  # its probe is a run nested under this one
             "node": r.node,
             "launch_command": r.launch_command,
             **{f"fp.{k}": str(v) for k, v in r.fingerprint.items()},
@@ -331,6 +332,31 @@ class Tracker:
             for f in sorted(tdir.iterdir()):
                 if f.is_file() and f.stat().st_size > 0:
                     retry(lambda f=f: self.client.log_artifact(rid, str(f)), "log artifact")
+        if r.probe:
+            self._log_probe(key, r, rid, extra_tags)
         status = "FINISHED" if r.status in ("ok",) else ("KILLED" if r.status == "interrupted" else "FAILED")
         # the run's duration in the UI is the trial's (Optuna start -> complete), not the sync's
         retry(lambda: self.client.set_terminated(rid, status, end_time=_ms(r.datetime_complete)), "terminate child")
+
+    def _log_probe(self, key: str, r: TrialRecord, trial_run: str, extra_tags: dict[str, str]) -> None:
+        """The trial's probe launch as a run nested under the trial's run (tags ``probe=true``,
+        ``servesweep.role=probe``; FINISHED when it reached ready, FAILED when not): it spent
+        ``gpu_s`` GPU-seconds (counted in the trial's own ``gpu_s``), no trial budget."""
+        p = r.probe or {}
+        ok = p.get("result") == "ok"
+        outcome = "ok" if ok else (p.get("failure_class") or p.get("result") or "failed")
+        tags = {"probe": "true", "servesweep.role": "probe", "probe_key": f"{key}/probe", "trial_number": str(r.number),
+                "status": str(p.get("result") or ""), "failure_class": p.get("failure_class") or "",
+                "failure_signature": p.get("signature") or "", "reason": p.get("reason") or "",
+                "dead_end": str(bool(p.get("dead_end"))).lower(), **extra_tags}
+        run = retry(lambda: self.client.create_run(
+            self.experiment_id, run_name=f"t{r.number:03d} probe · {outcome}", start_time=_ms(r.datetime_start),
+            tags={"mlflow.parentRunId": trial_run, "probe_key": f"{key}/probe"}), "create probe run")
+        pid = run.info.run_id
+        now = int(time.time() * 1000)
+        ms = [Metric(k, float(p[k]), now, 0) for k in ("gpu_s", "startup_s")
+              if isinstance(p.get(k), (int, float)) and math.isfinite(float(p[k]))]
+        rt = [RunTag(k, _tag(v)) for k, v in tags.items() if v not in ("", None)]
+        retry(lambda: self.client.log_batch(pid, metrics=ms, params=[Param(k, str(v)) for k, v in r.params.items()],
+                                            tags=rt), "log probe")
+        retry(lambda: self.client.set_terminated(pid, "FINISHED" if ok else "FAILED"), "terminate probe")

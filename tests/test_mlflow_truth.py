@@ -68,9 +68,31 @@ def test_child_runs_are_the_launched_trials(swept):
         r = by_n[int(_tags(k)["trial_number"])]
         assert (k["info"]["status"] == "FAILED") == (r.status in ("failed", "infra_error")), (r.status, k["info"])
     assert any(k["info"]["status"] == "FAILED" for k in kids)
-    # nothing else in the experiment but the parent, its trials and the confirmation runs
+    # nothing else in the experiment but the parent, its trials, their probes and the confirmation runs
     others = [x for x in runs if x not in kids and x is not parent]
-    assert others and all(_tags(x).get("servesweep.role") == "confirmation" for x in others)
+    assert others and all(_tags(x).get("servesweep.role") in ("confirmation", "probe") for x in others)
+
+
+def test_a_probe_is_a_run_nested_under_its_trial(swept):
+    """smoke seeds flashinfer_fusion, a shipped dead end on SM120: it is probed, the probe fails,
+    the trial ends there. Its probe is a run tagged ``probe`` under the trial's run."""
+    drv, _, _, runs = swept
+    probed = {t.number: t.user_attrs["probe"] for t in drv.study.get_trials() if t.user_attrs.get("probe")}
+    assert probed, "smoke has no probed trial"
+    by_id = {x["info"]["run_id"]: x for x in runs}
+    probes = [x for x in runs if _tags(x).get("probe") == "true"]
+    assert sorted(int(_tags(x)["trial_number"]) for x in probes) == sorted(probed)
+    for x in probes:
+        t = _tags(x)
+        info = probed[int(t["trial_number"])]
+        trial_run = by_id[t["mlflow.parentRunId"]]
+        assert _tags(trial_run)["trial_number"] == t["trial_number"]
+        assert _tags(trial_run)["probe_result"] == info["result"] == t["status"]
+        assert x["info"]["status"] == ("FINISHED" if info["result"] == "ok" else "FAILED")
+        assert _metrics(x)["gpu_s"] == pytest.approx(info["gpu_s"])
+        assert t["dead_end"] == str(bool(info["dead_end"])).lower() and t["reason"] == info["reason"]
+        if info["dead_end"]:  # the trial ended at its probe: it cost the probe's GPU-seconds only
+            assert _metrics(trial_run)["gpu_s"] == pytest.approx(info["gpu_s"])
 
 
 def test_skipped_proposals_are_counted_on_the_parent(swept):

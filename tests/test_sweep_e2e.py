@@ -40,11 +40,12 @@ def _children(store: Path):
     exp = c.get_experiment_by_name("smoke")
     runs = c.search_runs([exp.experiment_id], max_results=1000)
     parents = [r for r in runs if r.data.tags.get("servesweep.role") == "study"]
-    # trial runs; confirmation re-measurements nest under the trial they confirm
-    kids = [r for r in runs if "mlflow.parentRunId" in r.data.tags and r.data.tags.get("servesweep.role") != "confirmation"]
-    confirmations = [r for r in runs if r.data.tags.get("servesweep.role") == "confirmation"]
+    # trial runs; confirmation re-measurements and probe launches nest under their trial's run
+    nested = ("confirmation", "probe")
+    kids = [r for r in runs if "mlflow.parentRunId" in r.data.tags and r.data.tags.get("servesweep.role") not in nested]
     trial_runs = {k.info.run_id for k in kids}
-    assert all(r.data.tags.get("mlflow.parentRunId") in trial_runs for r in confirmations)
+    assert all(r.data.tags.get("mlflow.parentRunId") in trial_runs for r in runs
+               if r.data.tags.get("servesweep.role") in nested)
     return c, exp, parents, kids
 
 
