@@ -6,8 +6,9 @@ A tracking server with authentication (``mlflow server --app-name basic-auth``) 
 logging metrics, tags and artifacts all need EDIT; READ is the server's usual default).
 Either is a configuration error: :func:`check_access` raises :class:`MlflowDenied` (the
 driver exits 2) before the study or the parent run exist. So is a server that answers but
-has no MLflow REST API there (MLflow's ``ENDPOINT_NOT_FOUND``, HTTP 404 for the API path: a
-``tracking.uri`` naming another service or a wrong path), :class:`NotMlflow`; waiting
+has no MLflow REST API there (MLflow's ``ENDPOINT_NOT_FOUND``, a JSON or HTML page that is not
+MLflow's, a TLS handshake against a plain-HTTP port: a ``tracking.uri`` naming another
+service or a wrong scheme, path or port), :class:`NotMlflow` (:func:`api_mismatch`); waiting
 would never help. An unreachable server is not: the sweep goes on and syncs later
 (:mod:`sweeps.tracking`).
 """
@@ -34,14 +35,58 @@ class MlflowDenied(RuntimeError):
 
 
 class NotMlflow(MlflowDenied):
-    """``tracking.uri`` answers HTTP but not MLflow's REST API (404 ``ENDPOINT_NOT_FOUND``)."""
+    """``tracking.uri`` answers, but not as MLflow's REST API (:func:`api_mismatch`)."""
 
 
-def not_mlflow_message(uri: str) -> str:
-    """What to do when ``uri`` answers 404 for MLflow's REST API."""
-    return (f"tracking.uri {uri} answers HTTP but has no MLflow REST API (404 for /api/2.0/mlflow/...): it is "
-            f"another service, or the URI has a wrong path or port. Fix: tracking.uri=http://<host>:<port> of an "
+def not_mlflow_message(uri: str, answer: str = "404 for /api/2.0/mlflow/...") -> str:
+    """What to do when ``uri`` answers HTTP, but not as MLflow's REST API (``answer``: what it said)."""
+    return (f"tracking.uri {uri} answers, but not as an MLflow tracking server ({answer}): it is another "
+            f"service, or the URI has a wrong scheme, path or port. Fix: tracking.uri=http://<host>:<port> of an "
             f"`mlflow server` (check: curl <uri>/health answers OK). Nothing was started.")
+
+
+def _client_settings() -> dict[str, Any]:
+    """httpx keyword arguments (auth, headers, verify) from MLflow's own client settings
+    (``MLFLOW_TRACKING_USERNAME``/``_PASSWORD``/``_TOKEN``/``_INSECURE_TLS``/``_SERVER_CERT_PATH``)."""
+    env = os.environ.get
+    out: dict[str, Any] = {"verify": False if env("MLFLOW_TRACKING_INSECURE_TLS", "").lower() in ("1", "true")
+                           else env("MLFLOW_TRACKING_SERVER_CERT_PATH") or True}
+    if env("MLFLOW_TRACKING_USERNAME"):
+        out["auth"] = (env("MLFLOW_TRACKING_USERNAME"), env("MLFLOW_TRACKING_PASSWORD") or "")
+    elif env("MLFLOW_TRACKING_TOKEN"):
+        out["headers"] = {"Authorization": f"Bearer {env('MLFLOW_TRACKING_TOKEN')}"}
+    return out
+
+
+def api_mismatch(uri: str, experiment: str, timeout_s: float = 15.0) -> str | None:
+    """What ``uri`` answered instead of MLflow's REST API, or None when it answered as MLflow,
+    refused credentials (401/403: the MLflow client says what to do) or did not answer at all
+    (an outage). Asks what the client asks first: ``GET /api/2.0/mlflow/experiments/get-by-name``,
+    whose MLflow answers are ``{"experiment": ...}`` (200) or a body with ``error_code``."""
+    import ssl
+
+    import httpx
+
+    try:
+        r = httpx.get(uri.rstrip("/") + "/api/2.0/mlflow/experiments/get-by-name",
+                      params={"experiment_name": experiment}, timeout=timeout_s, **_client_settings())
+    except httpx.ConnectError as e:
+        c: BaseException | None = e
+        while c is not None and not isinstance(c, ssl.SSLError):
+            c = c.__cause__ or c.__context__
+        return f"TLS handshake failed: {c}; is the scheme (http/https) right?" if c is not None else None
+    except httpx.HTTPError:
+        return None
+    if r.status_code in (401, 403):
+        return None
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and ("error_code" in body or (r.status_code == 200 and "experiment" in body)):
+        return None
+    kind = r.headers.get("content-type", "?").split(";")[0]
+    return f"HTTP {r.status_code} {kind} for /api/2.0/mlflow/experiments/get-by-name: {r.text[:80]!r}"
 
 
 def is_http(uri: str | None) -> bool:
@@ -87,6 +132,9 @@ def check_access(uri: str, experiment: str) -> None:
         return
     for k, v in HTTP_ENV.items():
         os.environ.setdefault(k, v)
+    mismatch = api_mismatch(uri, experiment)
+    if mismatch is not None:
+        raise NotMlflow(not_mlflow_message(uri, mismatch))
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)

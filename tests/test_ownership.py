@@ -114,19 +114,41 @@ def test_401_403_are_refusals_and_an_outage_is_not(monkeypatch, caplog):
     assert "unreachable" in caplog.text
 
 
-def test_a_server_without_mlflow_is_refused_before_anything_is_created(tmp_path, monkeypatch):
-    """A ``tracking.uri`` naming another HTTP service (here a static file server) answers 404 for
-    MLflow's REST API: a configuration error (exit 2, nothing recorded), not an outage to wait out."""
+class _NotMlflow(__import__("http.server").server.BaseHTTPRequestHandler):
+    """Answers every GET as one kind of non-MLflow service (``kind`` set per server)."""
+
+    kind = "static"
+    ANSWERS = {"json404": (404, "application/json", b'{"detail": "Not Found"}'),  # FastAPI-style
+               "json200": (200, "application/json", b'{"status": "ok"}'),  # a catch-all health page
+               "html200": (200, "text/html", b"<html><body>welcome</body></html>")}
+
+    def do_GET(self):
+        code, ctype, body = self.ANSWERS[self.kind]
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.mark.parametrize("kind", ["static", "json404", "json200", "html200"])
+def test_a_server_without_mlflow_is_refused_before_anything_is_created(kind, tmp_path, monkeypatch):
+    """A ``tracking.uri`` naming another HTTP service answers, but not as MLflow's REST API:
+    a configuration error (exit 2, nothing recorded), not an outage to wait out."""
     import http.server
     import threading
 
     for k, v in M.HTTP_ENV.items():
         monkeypatch.setenv(k, v)
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    handler = http.server.SimpleHTTPRequestHandler if kind == "static" else type(kind, (_NotMlflow,), {"kind": kind})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     uri = f"http://127.0.0.1:{srv.server_address[1]}"
     try:
-        with pytest.raises(M.NotMlflow, match="no MLflow REST API"):
+        with pytest.raises(M.NotMlflow, match="not as an MLflow tracking server"):
             M.check_access(uri, "smoke")
         drv = InProcessDriver(_spec(tmp_path / "store", f"sqlite:///{tmp_path}/optuna.db",
                                     extra=[f"tracking.uri={uri}"]), "shared", track=True)
@@ -137,6 +159,21 @@ def test_a_server_without_mlflow_is_refused_before_anything_is_created(tmp_path,
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_tls_against_a_plain_http_port_is_a_wrong_scheme(monkeypatch):
+    import http.server
+    import threading
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        why = M.api_mismatch(f"https://127.0.0.1:{srv.server_address[1]}", "smoke", timeout_s=5)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert why is not None and "TLS handshake failed" in why and "scheme" in why
+    assert M.api_mismatch("http://127.0.0.1:9", "smoke", timeout_s=2) is None  # nothing listens: an outage
 
 
 def test_a_local_artifact_location_under_a_server_is_warned_about(caplog):
