@@ -247,6 +247,12 @@ def check_constraints(v: list[str]) -> list[str]:
 
 
 def metric_text(name: str, v: float | None) -> str:
-    """``87.6 tok/s`` for a throughput metric, ``82.0 ttft_ms_p50`` for any other."""
+    """``87.6 tok/s`` for ``decode_tok_s`` (the batch-1 decode rate), ``2406.1 output tok/s``
+    for another throughput (``output_tok_s``: all streams together), ``82.0 ttft_ms_p50`` for
+    any other metric."""
     val = float("nan") if v is None else v
-    return f"{val:.1f} tok/s" if name.endswith("tok_s") else f"{val:.1f} {name}"
+    if name == "decode_tok_s":
+        return f"{val:.1f} tok/s"
+    if name.endswith("_tok_s"):
+        return f"{val:.1f} {name.removesuffix('_tok_s').replace('_', ' ')} tok/s"
+    return f"{val:.1f} {name}"

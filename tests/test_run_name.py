@@ -51,3 +51,6 @@ def test_run_label_shows_the_sweeps_objective():
                     metrics={"decode_tok_s": 89.46, "max_rate_at_slo_req_s": 2.61})
     assert run_label(r, Objective("max_rate_at_slo_req_s", "maximize")) == "t002 none nccl g128 · 2.6 max_rate_at_slo_req_s"
     assert run_label(r, Objective("ttft_ms_p50", "minimize")).endswith("· ok")  # the objective was not measured
+    # throughputs other than the batch-1 decode rate say which they are
+    assert run_label(TrialRecord(number=3, state="COMPLETE", params=base, status="ok", metrics={"output_tok_s": 2406.14}),
+                     Objective("output_tok_s", "maximize")) == "t003 none nccl g128 · 2406.1 output tok/s"
