@@ -112,34 +112,50 @@ def _chain(e: BaseException) -> Iterator[BaseException]:
         c = c.__cause__ or c.__context__
 
 
-def _config_path(argv: Sequence[str], conf_dir: Path) -> tuple[Path, list[str]] | None:
+#: Hydra flags that change what is printed, not what is composed: the precheck still runs
+_VIEW_FLAGS = {"--cfg": 1, "-c": 1, "--resolve": 0, "--package": 1, "-p": 1}
+
+
+def _config_path(argv: Sequence[str], conf_dir: Path) -> tuple[Path | str, list[str]] | None:
     """``--config-path``/``-cp`` taken out of ``argv`` (relative to the entry script's
-    directory, ``conf_dir``'s parent, as Hydra resolves it): the config directory and the rest;
-    None when another Hydra flag is present."""
-    rest, path, it = [], None, iter(argv)
+    directory, ``conf_dir``'s parent, and with no ``~`` expansion, as Hydra resolves it): the
+    config directory (a message string when the flag has no value) and the overrides; None
+    when a Hydra flag that changes the composition or the run (``-m``, ``-cn``...) is present."""
+    rest: list[str] = []
+    path: str | None = None
+    it = iter(argv)
     for a in it:
         if a in ("--config-path", "-cp"):
             path = next(it, "")
         elif a.startswith("--config-path="):
             path = a.split("=", 1)[1]
+        elif a.split("=", 1)[0] in _VIEW_FLAGS:
+            if "=" not in a:
+                for _ in range(_VIEW_FLAGS[a]):
+                    next(it, None)
         elif a.startswith("-"):
             return None
         else:
             rest.append(a)
     if path is None:
         return conf_dir, rest
-    p = Path(path).expanduser()
+    if not path:
+        return "servesweep: --config-path needs a directory (nothing was started)", rest
+    p = Path(path)
     return (p if p.is_absolute() else conf_dir.parent / p), rest
 
 
 def precheck(conf_dir: Path, argv: Sequence[str]) -> str | None:
     """Compose the config with ``argv``'s overrides; the one-line message of a typo'd key, a
-    missing option or unparsable YAML, else None. ``--config-path`` is honoured; a command line
-    with other Hydra flags (``-m``/``--cfg``/``--help``) is left to ``@hydra.main``."""
+    missing option or unparsable YAML, else None. ``--config-path`` and the print-only flags
+    (``--cfg job``, ``--resolve``) are honoured; a command line with other Hydra flags
+    (``-m``, ``-cn``, ``--help``) is left to ``@hydra.main``."""
     split = _config_path(argv, conf_dir)
     if split is None:
         return None
     conf_dir, overrides = split  # hydra.* too: hydra.searchpath decides which files compose
+    if isinstance(conf_dir, str):
+        return conf_dir
     if not (conf_dir / "config.yaml").is_file():
         return f"servesweep: --config-path {conf_dir}: no config.yaml there (nothing was started)"
     try:

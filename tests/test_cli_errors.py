@@ -80,5 +80,12 @@ def test_config_path_is_prechecked_too(tmp_path):
         "servesweep: no config 'sweep/smok.yaml': did you mean sweep=smoke?")
     assert "no config.yaml there" in precheck(CONF, [f"--config-path={tmp_path / 'nowhere'}", "sweep=smoke"])
     assert precheck(CONF, ["--config-path", str(conf), "sweep=smoke"]) is None
-    # relative to the entry script's directory, as Hydra resolves it
+    # relative to the entry script's directory, as Hydra resolves it, and no ~ expansion (Hydra has none)
     assert precheck(CONF, ["--config-path", "conf", "sweep=smoke"]) is None
+    assert "no config.yaml there" in precheck(CONF, ["--config-path=~/conf", "sweep=smoke"])
+    assert precheck(CONF, ["sweep=smoke", "--config-path"]) == "servesweep: --config-path needs a directory (nothing was started)"
+    # print-only flags still get the precheck
+    assert precheck(CONF, ["--config-path", str(conf), "sweep=smok", "--cfg", "job"]).startswith(
+        "servesweep: no config 'sweep/smok.yaml'")
+    assert precheck(CONF, ["sweep.budgt.trials=3", "--cfg=job", "--resolve"]).startswith(
+        "servesweep: unknown config key 'sweep.budgt.trials'")
