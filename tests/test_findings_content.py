@@ -136,6 +136,27 @@ def test_decisive_line_is_verbatim_not_normalized(tmp_path):
     assert decisive_line(r) == "KeyError: <N>"
 
 
+def test_a_dead_end_reads_as_the_rule_it_taught(tmp_path):
+    """One failing trial shares every knob with itself: the entry names the rule learned from
+    it (what later proposals are skipped by), not the trial's whole config."""
+    from sweeps.rules_match import Rule
+
+    recs = [*sweep(), rec(5, None, status="failed", nccl_algo="Tree", nccl_proto="LL", cls="nccl_env_algo_proto_invalid",
+                          sig="no algorithm/protocol available")]
+    rule = Rule(id=7, fingerprint_hash="h", fingerprint=FP, model=None, knobs={"nccl_algo": "Tree"},
+                failure_class="nccl_env_algo_proto_invalid", kind="deterministic", signature="x",
+                evidence=[{"sweep": "camp", "trial_number": 5}])
+    mapping = {"torch_symm_mem_unsupported": ["allreduce"], "nccl_env_algo_proto_invalid": ["nccl_algo", "nccl_proto"]}
+    c = ctx(tmp_path, rules=[rule])
+    c.mapping = mapping
+    text, _ = render_section(c, recs)
+    assert "**nccl_env_algo_proto_invalid** (deterministic, startup) when nccl_algo=Tree (rule 7): t5" in text
+    c = ctx(tmp_path)  # no rule learned (a rule store that failed): what the failing trials share
+    c.mapping = mapping
+    text, _ = render_section(c, recs)
+    assert "when nccl_proto=LL, nccl_algo=Tree: t5" in text
+
+
 def test_break_even_acceptance_next_to_the_measured_one(tmp_path):
     base = rec(0, 1000 / 11.2, baseline=True)  # 11.2 ms per token
     eagle = rec(5, 2.9 * 1000 / 54.0, accept=2.9, speculative="eagle3", eagle_num_steps=3, eagle_topk=1,

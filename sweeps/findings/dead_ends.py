@@ -30,6 +30,13 @@ def _shared_knobs(ctx: Context, cls: str, rs: Sequence[R.TrialRecord]) -> dict[s
     return common
 
 
+def _learned_rule(ctx: Context, cls: str, rs: Sequence[R.TrialRecord]) -> Any:
+    """The failure rule this study learned from these trials (its evidence names one of them), or None."""
+    numbers = {r.number for r in rs}
+    return next((rule for rule in ctx.rules if rule.failure_class == cls and any(
+        e.get("sweep") == ctx.study and e.get("trial_number") in numbers for e in rule.evidence)), None)
+
+
 def failure_lines(ctx: Context, recs: Sequence[R.TrialRecord]) -> tuple[list[str], set[str]]:
     """(one entry per failure class of launched trials, most frequent first; the classes seen)."""
     out: list[str] = []
@@ -44,8 +51,10 @@ def failure_lines(ctx: Context, recs: Sequence[R.TrialRecord]) -> tuple[list[str
         phase = Counter(r.phase for r in rs).most_common(1)[0][0]
         sig = next((x for x in (decisive_line(r) for r in rs) if x), "")
         skipped = skipped_by_class.get(cls, 0)
-        out.append(f"- **{cls}** ({kind}, {phase}) when {cfg(_shared_knobs(ctx, cls, rs)) or 'any config'}: "
-                   f"{trials(r.number for r in rs)}"
+        rule = _learned_rule(ctx, cls, rs)  # what was learned, else what the failing trials share
+        when = cfg(rule.knobs if rule is not None else _shared_knobs(ctx, cls, rs)) or "any config"
+        out.append(f"- **{cls}** ({kind}, {phase}) when {when}" + (f" (rule {rule.id})" if rule is not None else "")
+                   + f": {trials(r.number for r in rs)}"
                    + (f"; {skipped} later proposal(s) skipped without GPU time" if skipped else ""))
         if sig:
             out.append(f"  - decisive line (verbatim): {code(sig)}")
