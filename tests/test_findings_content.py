@@ -202,6 +202,29 @@ def test_untried_levels_in_next_steps_and_emulated_label_and_deploy_command(tmp_
     assert read_data_block(text)["sweeps"][-1]["best_trial"] == 1
 
 
+def test_next_steps_never_suggest_an_approach_a_known_dead_end_excludes(tmp_path):
+    from sweeps.rules import fingerprint_hash
+    from sweeps.rules_match import Rule
+
+    spec = load_spec(compose_cfg(["sweep=smoke"]))
+    recs = [rec(0, 82.0, baseline=True, cuda_graph_max_bs=128), rec(1, 88.0, cuda_graph_max_bs=64)]
+    for r in recs:
+        r.params.pop("nccl_proto")
+    rule = Rule(id=2, fingerprint_hash=fingerprint_hash(FP), fingerprint=FP, model=None,
+                knobs={"allreduce": "flashinfer_fusion"}, failure_class="flashinfer_allreduce_fusion_unsupported_arch",
+                kind="deterministic", signature="x", evidence=[{"sweep": "earlier", "trial_number": 3}])
+
+    def approaches(c):
+        text, _ = render_section(c, recs)
+        line = next((x for x in text.splitlines() if x.startswith("- **Untried approaches**")), "")
+        return line
+
+    without = approaches(ctx(tmp_path, space=spec.space))
+    assert "allreduce=flashinfer_fusion" in without and "allreduce=custom" in without
+    got = approaches(ctx(tmp_path, space=spec.space, rules=[rule]))
+    assert "allreduce=custom" in got and "allreduce=flashinfer_fusion" not in got
+
+
 def test_backends_say_whether_their_numbers_are_emulated():
     assert get_backend("emulated").emulated and get_backend("instant").emulated
     assert not get_backend("sglang").emulated and not get_backend("vllm").emulated

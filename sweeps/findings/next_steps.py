@@ -20,8 +20,9 @@ import yaml
 
 from sweeps import records as R
 from sweeps.findings.context import Context
-from sweeps.findings.groups import Group, outcome
+from sweeps.findings.groups import Group
 from sweeps.findings.text import fmt, trials
+from sweeps.findings.untried import open_approaches
 
 RECHECK_FILE = Path(__file__).with_name("recheck_classes.yaml")
 # The PNGs sweeps.report.write_plots writes, listed when the plots directory is not there yet.
@@ -68,12 +69,12 @@ def _untried_lines(ctx: Context, recs: Sequence[R.TrialRecord], groups: dict[tup
         open_ = [v for v in lv if v not in tried and (p.name, v) not in dead]
         if open_:
             regions.append(f"`{p.name}` = " + ", ".join(str(v) for v in open_))
-    combos = [" × ".join(f"{k}={v}" for k, v in zip(gk, key)) for key, g in groups.items() if outcome(g, None) == "untried"]
+    combos = open_approaches(ctx, recs, groups, gk) if gk else []
     out = []
     if regions:
         out.append("- **Untried levels** (never launched, no known dead end): " + "; ".join(regions) + ".")
     if combos:
-        out.append("- **Untried approaches**: " + "; ".join(combos) + ".")
+        out.append("- **Untried approaches** (no known dead end): " + "; ".join(combos) + ".")
     if out:
         out.append(f"  Continue the study with a larger budget: `python run_sweep.py sweep={ctx.sweep or ctx.study} "
                    f"study_name={ctx.study} sweep.budget.trials=<more>`.")

@@ -38,6 +38,29 @@ def _fingerprint_hash(ctx: Context) -> str | None:
         return None
 
 
+def _degraded_levels(records: Sequence[R.TrialRecord]) -> set[Any]:
+    return {r.params.get("allreduce") for r in records
+            if r.status == "ok" and not R.counts_for_level(r) and r.params.get("allreduce") not in (None, "nccl")}
+
+
+def known_dead(ctx: Context, records: Sequence[R.TrialRecord], values: dict[str, Any]) -> bool:
+    """True when knob ``values`` (a whole config or an approach's few knobs) are excluded by a
+    known dead end: a silently degraded allreduce level, or a rule whose every knob they set."""
+    if values.get("allreduce") in _degraded_levels(records):
+        return True
+    fp_hash = _fingerprint_hash(ctx)
+    model = ctx.model.get("name")
+    return bool(fp_hash) and any(rule.applies_to(fp_hash, model, values, ctx.study) for rule in ctx.rules)
+
+
+def open_approaches(ctx: Context, records: Sequence[R.TrialRecord], groups: dict[tuple, Group],
+                    gk: list[str]) -> list[str]:
+    """``k=v × k=v`` of the approaches never launched that no known dead end excludes."""
+    keys = [key for key, g in groups.items() if outcome(g, None) == "untried"]
+    return [" × ".join(f"{k}={v}" for k, v in zip(gk, key)) for key in keys
+            if not known_dead(ctx, records, dict(zip(gk, key)))]
+
+
 def remaining(ctx: Context, records: Sequence[R.TrialRecord]) -> tuple[int, int, int] | None:
     """(feasible configs, untried and not excluded, excluded by rules/degraded levels), or
     None for an infinite or huge space (over :data:`ENUM_LIMIT` configs)."""
@@ -45,8 +68,7 @@ def remaining(ctx: Context, records: Sequence[R.TrialRecord]) -> tuple[int, int,
     if cfgs is None:
         return None
     tried = {R.config_key(r.params) for r in records if r.launched or r.status == "skipped"}
-    degraded_levels = {r.params.get("allreduce") for r in records
-                       if r.status == "ok" and not R.counts_for_level(r) and r.params.get("allreduce") not in (None, "nccl")}
+    degraded_levels = _degraded_levels(records)
     fp_hash = _fingerprint_hash(ctx)
     model = ctx.model.get("name")
     left = excluded = 0
@@ -87,10 +109,9 @@ def untried_section(ctx: Context, records: Sequence[R.TrialRecord], groups: dict
     launched = [r for r in records if r.launched]
     if ctx.space is not None:
         lines = _knob_lines(ctx, records, launched)
-        untried_groups = [k for k, g in groups.items() if outcome(g, None) == "untried"]
-        if gk and untried_groups:
-            lines.append("- approaches never tried: " + "; ".join(
-                " × ".join(f"{k}={v}" for k, v in zip(gk, key)) for key in untried_groups))
+        combos = open_approaches(ctx, records, groups, gk) if gk else []
+        if combos:
+            lines.append("- approaches never tried (no known dead end): " + "; ".join(combos))
         left = remaining(ctx, records)
         if left is not None:
             total, rest, excluded = left
