@@ -48,7 +48,9 @@ def leftover_alembic_tables(url: str) -> list[str]:
     p = sqlite_path(url)
     if p is None or not p.exists():
         return []
-    con = sqlite3.connect(f"file:{p}?mode=ro", uri=True, timeout=30)
+    # read-write, never creating: a writer SIGKILLed mid-transaction leaves a hot journal that
+    # the next reader must roll back, which a read-only connection cannot ("readonly database")
+    con = sqlite3.connect(f"file:{p}?mode=rw", uri=True, timeout=30)
     try:
         rows = con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name LIKE '\\_alembic\\_tmp\\_%' "
                            "ESCAPE '\\'").fetchall()

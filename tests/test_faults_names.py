@@ -44,6 +44,36 @@ def test_half_created_mlflow_schema_is_refused_with_the_fix(tmp_path):
     assert not (spec.store_dir / "optuna.db").exists()  # refused before any store was touched
 
 
+HOT_JOURNAL = """
+import os, sqlite3, sys
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("PRAGMA journal_mode=DELETE")
+con.execute("BEGIN IMMEDIATE")
+con.execute("INSERT INTO runs VALUES (2)")
+con.execute("PRAGMA cache_size=0")  # spill the page to the file: the journal is then hot
+con.execute("INSERT INTO runs SELECT x + 10 FROM runs")
+os._exit(0)  # a driver SIGKILLed mid-write: no commit, no rollback
+"""
+
+
+def test_a_store_left_mid_write_by_a_killed_driver_is_read_again(tmp_path):
+    """The next driver's schema check rolls the killed writer's hot journal back instead of
+    failing 'attempt to write a readonly database'."""
+    spec = _spec(tmp_path / "s")
+    spec.store_dir.mkdir(parents=True)
+    db = spec.store_dir / "mlflow.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE runs (x INTEGER)")
+    con.executemany("INSERT INTO runs VALUES (?)", [(i,) for i in range(2000)])
+    con.commit()
+    con.close()
+    subprocess.run([sys.executable, "-c", HOT_JOURNAL, str(db)], check=True, timeout=60)
+    journal = db.with_name("mlflow.db-journal")
+    assert journal.exists() and journal.stat().st_size > 0, "no hot journal was left"
+    assert leftover_alembic_tables(spec.mlflow_uri) == []
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM runs").fetchone() == (2000,)  # rolled back
+
+
 RACE = """
 import sys, time
 from sweeps.config import load_spec
