@@ -104,8 +104,14 @@ def reserve_ports(n: int = 2, host: str = "127.0.0.1") -> Iterator[list[int]]:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True if nothing listens on ``host:port`` (bind test)."""
+    """True if nothing listens on ``host:port`` (bind test).
+
+    With ``SO_REUSEADDR``, as servers bind (uvicorn, aiohttp): the connections a server closed
+    itself linger in TIME_WAIT on its port for a minute, which would fail a plain bind though
+    nothing listens and the next server binds fine; only a listening socket makes it fail.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:

@@ -213,3 +213,28 @@ def test_a_server_that_exited_by_itself_keeps_its_childrens_late_lines(base, tmp
     assert (res.status, res.failure_class, res.phase) == ("failed", "nccl_env_algo_proto_invalid", "startup"), (
         res.failure_class, res.failure_signature, res.log_tail)
     assert res.failure_kind == "deterministic"
+
+
+def test_a_port_whose_server_closed_its_connections_is_free():
+    """The server side of a connection the server closed sits in TIME_WAIT on its port: not bound."""
+    import socket
+
+    from tasks.server import port_is_free
+
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    cli = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    assert not port_is_free(port)  # listening
+    conn.close()  # the server closes first: its side goes to TIME_WAIT
+    cli.recv(1)
+    cli.close()
+    srv.close()
+    plain = socket.socket()
+    with pytest.raises(OSError):  # what a bind without SO_REUSEADDR makes of it
+        plain.bind(("127.0.0.1", port))
+    plain.close()
+    assert port_is_free(port)
