@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -92,10 +93,19 @@ def _run(spec: TrialSpec, tmp_path: Path) -> tuple[TrialResult, float]:
     return res, time.monotonic() - t0
 
 
-def _engine_core_when_busy(tmp_path: Path, timeout: float, runner: threading.Thread) -> psutil.Process:
-    """The trial's VLLM::EngineCore once its server is running a request (``/metrics``)."""
+def _streams_to(port: int) -> int:
+    """This process's established connections to ``port`` (the benchmark client's streams)."""
+    return sum(1 for c in psutil.Process().net_connections("tcp")
+               if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def _engine_core_when_busy(tmp_path: Path, timeout: float, runner: threading.Thread,
+                           ended: Callable[[], str] = str, streams: int = 4) -> psutil.Process:
+    """The trial's VLLM::EngineCore once its server is running requests: ``/metrics`` says so,
+    or (an API server too busy streaming to answer it) the benchmark's ``streams`` connections
+    have been open for a second. ``ended()`` says how the trial ended when it ends first."""
     def api_server() -> tuple[str, psutil.Process] | None:
-        assert runner.is_alive(), "the trial ended before its server ran a request"
+        assert runner.is_alive(), f"the trial ended before its server ran a request: {ended()}"
         for p in _ours(tmp_path):
             with contextlib.suppress(psutil.Error, ValueError):
                 cmd = p.cmdline()
@@ -104,13 +114,25 @@ def _engine_core_when_busy(tmp_path: Path, timeout: float, runner: threading.Thr
         return None
 
     port, server = wait_for(api_server, timeout, interval=0.5, what="the trial's vLLM API server")
+    streaming_since: list[float] = []
 
-    def busy() -> psutil.Process | None:
-        assert runner.is_alive(), "the trial ended before its server ran a request"
-        with contextlib.suppress(httpx.HTTPError, psutil.Error, StopIteration, ValueError):
+    def running() -> bool:
+        if _streams_to(int(port)) >= streams:
+            streaming_since[:] = streaming_since or [time.monotonic()]
+            if time.monotonic() - streaming_since[0] >= 1.0:
+                return True
+        else:
+            streaming_since.clear()
+        with contextlib.suppress(httpx.HTTPError):
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
             m = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)", text, re.M)
-            if m and float(m.group(1)) > 0:
+            return bool(m and float(m.group(1)) > 0)
+        return False
+
+    def busy() -> psutil.Process | None:
+        assert runner.is_alive(), f"the trial ended before its server ran a request: {ended()}"
+        with contextlib.suppress(psutil.Error, StopIteration, ValueError):
+            if running():
                 return next(c for c in server.children(recursive=True) if "EngineCore" in c.name())
         return None
 
@@ -155,7 +177,12 @@ def _run_with_fault(tmp_path: Path, sig: signal.Signals, bench: BenchSpec) -> tu
     th = threading.Thread(target=lambda: box.update(zip(("res", "wall"), _run(spec, tmp_path)), t_end=time.monotonic()))
     th.start()
     try:
-        core = _engine_core_when_busy(tmp_path, TIMEOUTS.startup_s + 30, th)
+        def ended() -> str:
+            r = box.get("res")
+            return "" if r is None else (f"{r.status} {r.failure_class} ({r.phase}) {r.failure_signature} "
+                                         f"metrics={r.metrics} log tail: {r.log_tail[-1500:]}")
+
+        core = _engine_core_when_busy(tmp_path, TIMEOUTS.startup_s + 30, th, ended, bench.concurrency)
         os.kill(core.pid, sig)
         t_sig = time.monotonic()
     finally:
