@@ -191,7 +191,8 @@ class _StoredTrial:
 
 
 def recover_stale(study: optuna.Study) -> int:
-    """Fail RUNNING trials left by a killed driver (infra: node_lost) and re-enqueue them.
+    """Fail RUNNING trials left by a killed driver (infra: node_lost) and re-enqueue their
+    configs (the params, or the queued ``fixed_params`` of one killed before it took them).
 
     Returns:
         how many trials were recovered.
@@ -207,9 +208,11 @@ def recover_stale(study: optuna.Study) -> int:
         if not guarded(write_outcome, stored, facts, f"trial {t.number}", what=f"recovering trial {t.number}"):
             continue  # its driver finished it meanwhile (it had lost the lease): nothing to recover
         tell(study, t.number, verdict_for("interrupted"))
-        if t.params:
+        # a queued trial the driver had taken but not yet given its params keeps them in fixed_params
+        params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+        if params:
             attrs = dict(t.user_attrs.get("enqueue_attrs") or {})
-            study.enqueue_trial(dict(t.params), user_attrs={**attrs, "enqueue_attrs": attrs, R.A_REQUEUED: True})
+            study.enqueue_trial(params, user_attrs={**attrs, "enqueue_attrs": attrs, R.A_REQUEUED: True})
         log.warning("trial %d was running when the driver stopped: marked failed (node_lost) and re-queued", t.number)
         n += 1
     return n

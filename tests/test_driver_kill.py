@@ -115,7 +115,9 @@ def test_sigkill_then_same_command_resumes_cleanly(tmp_path, rep):
     for n in running:
         r = recs[n]
         assert after[n][0] == "FAIL" and r.failure_kind == "infra" and r.failure_class == "node_lost", r
-        key = R.config_key(r.params)
+        # a queued trial killed before it took its params has its config in fixed_params only
+        key = R.config_key(r.params or dict(study.trials[n].system_attrs.get("fixed_params") or {}))
+        assert key != R.config_key({}), f"trial {n} has no config to re-run"
         rerun = [m for m, x in recs.items() if m > n and R.config_key(x.params) == key and x.state != "RUNNING"]
         assert rerun, f"trial {n}'s config was not re-queued"
     assert not any(s == "RUNNING" for s, _ in after.values())

@@ -231,6 +231,24 @@ def test_stale_recovery_rewrites_a_record_the_killed_driver_left_before_its_tell
     assert (r.state, r.status, r.failure_class, r.failure_kind) == ("FAIL", "interrupted", "node_lost", "infra"), r
 
 
+def test_a_queued_trial_killed_before_it_took_its_params_is_queued_again():
+    """The driver asked for a queued trial (RUNNING, its config only in fixed_params) and was
+    killed before suggesting: recovery re-queues that config, not nothing."""
+    import optuna
+
+    from sweeps import study as S
+
+    study = optuna.create_study()
+    cfg = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    study.enqueue_trial(cfg, user_attrs={"untried_draw": True, "enqueue_attrs": {"untried_draw": True}})
+    t = study.ask()
+    assert t.params == {} and study.trials[0].state == TrialState.RUNNING
+    assert S.recover_stale(study) == 1
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [w.system_attrs["fixed_params"] for w in waiting] == [cfg]
+    assert waiting[0].user_attrs[R.A_REQUEUED] and waiting[0].user_attrs["untried_draw"]
+
+
 def test_mlflow_writes_ride_out_a_lock_longer_than_their_attempts(monkeypatch):
     """MLflow writes get the store's busy budget: a lock outlasting tracking.retry's 5 attempts
     is waited out; an unreachable server still fails after its attempts."""
