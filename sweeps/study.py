@@ -190,9 +190,19 @@ class _StoredTrial:
         self.storage.set_trial_user_attr(self.trial_id, key, value)
 
 
+def stale_config(t: FrozenTrial) -> dict[str, Any]:
+    """The config a RUNNING trial of a killed driver stood for: its params once the whole
+    config was drawn (``config_key`` is set right after), else the queued ``fixed_params`` of a
+    trial taken from the queue before it took them; {} for a sampler draw killed half-way
+    (nothing of it ran)."""
+    if R.A_CONFIG_KEY in t.user_attrs:
+        return dict(t.params)
+    return dict(t.system_attrs.get("fixed_params") or {})
+
+
 def recover_stale(study: optuna.Study) -> int:
-    """Fail RUNNING trials left by a killed driver (infra: node_lost) and re-enqueue their
-    configs (the params, or the queued ``fixed_params`` of one killed before it took them).
+    """Fail RUNNING trials left by a killed driver (infra: node_lost) and re-enqueue the
+    config each stood for (:func:`stale_config`; none for a draw killed half-way).
 
     Returns:
         how many trials were recovered.
@@ -208,8 +218,7 @@ def recover_stale(study: optuna.Study) -> int:
         if not guarded(write_outcome, stored, facts, f"trial {t.number}", what=f"recovering trial {t.number}"):
             continue  # its driver finished it meanwhile (it had lost the lease): nothing to recover
         tell(study, t.number, verdict_for("interrupted"))
-        # a queued trial the driver had taken but not yet given its params keeps them in fixed_params
-        params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+        params = stale_config(t)
         if params:
             attrs = dict(t.user_attrs.get("enqueue_attrs") or {})
             study.enqueue_trial(params, user_attrs={**attrs, "enqueue_attrs": attrs, R.A_REQUEUED: True})

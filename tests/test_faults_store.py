@@ -249,6 +249,27 @@ def test_a_queued_trial_killed_before_it_took_its_params_is_queued_again():
     assert waiting[0].user_attrs[R.A_REQUEUED] and waiting[0].user_attrs["untried_draw"]
 
 
+def test_a_draw_killed_half_way_is_failed_and_not_queued_as_a_partial_config():
+    """A sampler draw killed between two suggests (no config_key yet) ran nothing: it is failed,
+    and no partial config (which would pin a knob on the next trial) is queued; a whole drawn
+    config is queued again."""
+    import optuna
+
+    from sweeps import study as S
+
+    study = optuna.create_study()
+    half = study.ask()
+    half.suggest_categorical("speculative", ["none"])
+    whole = study.ask()
+    whole.suggest_categorical("speculative", ["none"])
+    whole.suggest_categorical("allreduce", ["nccl"])
+    whole.set_user_attr(R.A_CONFIG_KEY, R.config_key(whole.params))
+    assert S.recover_stale(study) == 2
+    assert [t.state for t in study.trials[:2]] == [TrialState.FAIL, TrialState.FAIL]
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [w.system_attrs["fixed_params"] for w in waiting] == [{"speculative": "none", "allreduce": "nccl"}]
+
+
 def test_mlflow_writes_ride_out_a_lock_longer_than_their_attempts(monkeypatch):
     """MLflow writes get the store's busy budget: a lock outlasting tracking.retry's 5 attempts
     is waited out; an unreachable server still fails after its attempts."""
