@@ -137,7 +137,9 @@ def test_node_removed_mid_trial_reruns_elsewhere(cluster, tmp_path):
     store = tmp_path / "store"
     log = tmp_path / "sweep.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen(_cmd(c.address, store, [*EMU, "bench.output_len=150", "sweep.budget.trials=3"]),
+        # full launches only (no level seeded, so no probe: a probe is over before b can go)
+        full_only = ["sweep.params.allreduce.choices=[nccl]", "sweep.seed_each_level_of=[]"]
+        proc = subprocess.Popen(_cmd(c.address, store, [*EMU, *full_only, "bench.output_len=300", "sweep.budget.trials=3"]),
                                 cwd=str(tmp_path), stdout=f, stderr=subprocess.STDOUT)
     try:
         def two_serving() -> bool:
