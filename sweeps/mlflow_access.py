@@ -146,8 +146,6 @@ def check_access(uri: str, experiment: str) -> None:
         status = denied_status(e)
         if status is not None:
             raise MlflowDenied(denied_message(status, uri, experiment)) from None
-        if getattr(e, "error_code", None) == "ENDPOINT_NOT_FOUND":  # mlflow.utils.rest_utils: get_error_code(404)
-            raise NotMlflow(not_mlflow_message(uri)) from None
         log.warning("MLflow at %s unreachable (%s); the sweep goes on and syncs later", uri, str(e).splitlines()[0][:200])
 
 
