@@ -56,6 +56,7 @@ from sweeps.rules_match import (
     load_implicated_knobs,
     uses_model,
 )
+from sweeps.sqlite_tuning import use_wal
 from sweeps.store_retry import retrying
 from tasks.failures import KIND
 
@@ -125,11 +126,10 @@ def _make_engine(url: str) -> tuple[Engine, bool]:
     @event.listens_for(eng, "connect")
     def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
         dbapi_conn.isolation_level = None  # pysqlite must not BEGIN by itself: we BEGIN IMMEDIATE
-        cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        if db not in (None, "", ":memory:"):
-            cur.execute("PRAGMA journal_mode = WAL")
-        cur.close()
+        if db in (None, "", ":memory:"):
+            dbapi_conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        else:
+            use_wal(dbapi_conn, BUSY_TIMEOUT_S)
 
     @event.listens_for(eng, "begin")
     def _on_begin(conn: Connection) -> None:

@@ -15,22 +15,54 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
+
 _installed = False
 BUSY_TIMEOUT_MS = 30_000  # wait for another process's write lock instead of failing at once
+
+
+def _busy(e: BaseException) -> bool:
+    return isinstance(e, sqlite3.OperationalError) and getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
+
+
+def use_wal(dbapi_connection: sqlite3.Connection, timeout_s: float | None = None) -> str:
+    """Put a SQLite file in WAL mode with ``synchronous=NORMAL`` and a busy timeout.
+
+    Switching a rollback-journal file to WAL needs its exclusive lock, and SQLite answers
+    ``SQLITE_BUSY`` at once, without calling the busy handler, while another connection
+    holds the write lock (two processes creating the same store race exactly there). So
+    the switch is retried until ``timeout_s`` has passed. A file already in WAL mode stays
+    so (the mode is stored in the file) and takes no lock.
+
+    Args:
+        dbapi_connection: an open pysqlite connection.
+        timeout_s: how long to wait for other writers, s; default :data:`BUSY_TIMEOUT_MS`.
+    Returns:
+        The journal mode now in force (``"wal"``, or ``"memory"`` for an in-memory database).
+    Raises:
+        sqlite3.OperationalError: still locked after ``timeout_s``, or the file is read-only.
+    """
+    timeout_s = BUSY_TIMEOUT_MS / 1000 if timeout_s is None else timeout_s
+    cur = dbapi_connection.cursor()
+    try:
+        cur.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+        for attempt in Retrying(retry=retry_if_exception(_busy), stop=stop_after_delay(timeout_s),
+                                wait=wait_random(0.005, 0.05), reraise=True):
+            with attempt:
+                mode = cur.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        cur.execute("PRAGMA synchronous=NORMAL")
+        return str(mode)
+    finally:
+        cur.close()
 
 
 def _on_connect(dbapi_connection: Any, connection_record: Any) -> None:
     if not isinstance(dbapi_connection, sqlite3.Connection):
         return
-    cur = dbapi_connection.cursor()
     try:
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-    except sqlite3.Error:  # read-only or in-memory database: keep its defaults
+        use_wal(dbapi_connection)
+    except sqlite3.Error:  # read-only database: keep its defaults
         pass
-    finally:
-        cur.close()
 
 
 def tune_sqlite_engines() -> None:

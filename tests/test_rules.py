@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from sweeps.rules import (
     implicated_params,
     load_implicated_knobs,
 )
+from sweeps.sqlite_tuning import use_wal
 from tasks.failures import KIND
 
 REPO = Path(__file__).resolve().parents[1]
@@ -229,6 +232,60 @@ def test_two_processes_learning_concurrently_lose_no_evidence(tmp_path):
     assert sorted((e["sweep"], e["trial_number"]) for e in rules[0].evidence) == \
         sorted((f"s{k}", i) for k in range(2) for i in range(n))
     s.close()
+
+
+_HOLD_WRITE_LOCK = """
+import sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("BEGIN IMMEDIATE")
+con.execute("INSERT INTO other VALUES (1)")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+con.execute("COMMIT")
+"""
+
+
+def test_a_store_opened_while_another_process_writes_waits_for_its_lock(tmp_path):
+    # SQLite refuses the switch to WAL at once (no busy wait) while another connection holds
+    # the write lock on a rollback-journal file: the race two processes creating one store run
+    db = tmp_path / "busy.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE other (x)")
+    con.commit()
+    con.close()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_WRITE_LOCK, str(db), "1.0"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t0 = time.monotonic()
+        s = RuleStore(f"sqlite:///{db}")
+        assert time.monotonic() - t0 > 0.5  # it waited out the other writer's 1 s instead of failing
+        r = s.learn(FP, MODEL, P(nccl_algo="Tree"), "nccl_env_algo_proto_invalid", "sig", ev(1))
+        assert [x.id for x in s.list()] == [r.id]
+        with s.engine.connect() as c:
+            assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        s.close()
+    finally:
+        holder.wait(timeout=30)
+
+
+def test_the_switch_to_wal_gives_up_after_its_timeout(tmp_path):
+    db = tmp_path / "held.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE other (x)")
+    con.commit()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_WRITE_LOCK, str(db), "3.0"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t0 = time.monotonic()
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            use_wal(con, timeout_s=0.3)
+        assert 0.3 <= time.monotonic() - t0 < 2.5  # retried for its timeout, then gave up
+    finally:
+        holder.wait(timeout=30)
+        con.close()
+    assert use_wal(sqlite3.connect(db), timeout_s=0.3) == "wal"  # free again: switched
 
 
 # ------------------------------------------------------------------ CLI
