@@ -91,7 +91,8 @@ class ServingEngine:
         self.clock, self.t0 = clock, clock()
         self.http_overhead_s = float(http_overhead_s)
         self.context_len = int(launch.args.get("context_length") or CONTEXT_LEN)
-        self.arrivals: list[float] = []  # per rid: monotonic time the request was received
+        self.arrivals: list[float] = []  # per rid: s since start the request was received
+        self.first_sent: dict[int, float] = {}  # per rid: s since start its first chunk was handed to HTTP
 
     def now_s(self) -> float:
         """Scheduler time (s since the engine started)."""

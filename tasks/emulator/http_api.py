@@ -224,15 +224,18 @@ class HttpApi:
 
     async def h_emulator_requests(self, request: web.Request) -> web.Response:
         """Emulator-only: every request the batching scheduler got, in order (arrival in the
-        scheduler, s since the engine started; lengths; state; first token / end, s), and its
-        config, so a test can replay the same arrivals through the offline simulation."""
+        scheduler, s since the engine started; lengths; state; first token / end, s), when the
+        HTTP handler received it and handed its first chunk to the connection (s, same clock),
+        and its config, so a test can replay the same arrivals through the offline simulation."""
         eng = self.s.engine() if self.s.ready else None
         if eng is None:
             return web.json_response({"error": "server not ready"}, status=503)
         eng.sch.advance(eng.now_s())
         reqs = [{"arrival_s": r.arrival, "prompt_len": r.prompt, "output_len": r.out, "state": r.state,
                  "emitted": r.emitted, "first_s": None if r.first_s != r.first_s else r.first_s,
-                 "finish_s": None if r.finish_s != r.finish_s else r.finish_s} for r in eng.sch.reqs]
+                 "finish_s": None if r.finish_s != r.finish_s else r.finish_s,
+                 "received_s": eng.arrivals[i], "first_sent_s": eng.first_sent.get(i)}
+                for i, r in enumerate(eng.sch.reqs)]
         c = eng.config
         return web.json_response({"now_s": eng.now_s(), "requests": reqs, "running": len(eng.sch.running),
                                   "prefilling": len(eng.sch.prefilling), "waiting": len(eng.sch.waiting),

@@ -271,7 +271,9 @@ class EmulatedServer:
                     await self._maybe_fault()
                 if self.stalled.is_set():
                     await asyncio.Event().wait()
-                t_first = time.monotonic() if t_first is None else t_first
+                if t_first is None:
+                    t_first = time.monotonic()
+                    eng.first_sent[rid] = eng.now_s()
                 new = [tid(pos + j) for j in range(ch.tokens)]
                 pos += ch.tokens
                 cycles += 1 if (ch.index > 0 or not spec) else 0
