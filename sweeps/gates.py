@@ -76,14 +76,25 @@ def duplicate(study: optuna.Study, number: int, key: str, running: Iterable[tupl
     return Skip("duplicate", attrs, status="duplicate", source=src)
 
 
+def degraded_levels(records: Iterable[R.TrialRecord]) -> dict[Any, int]:
+    """allreduce level -> the first trial of this study that ran it and saw it silently
+    replaced (``allreduce_path_degraded``): levels that do not run on this node."""
+    out: dict[Any, int] = {}
+    for r in records:
+        level = r.params.get("allreduce")
+        if (level not in (None, "nccl") and level not in out and r.status == "ok" and not R.counts_for_level(r)
+                and r.duplicate_of is None and r.skipped_by_rule is None):
+            out[level] = r.number
+    return out
+
+
 def degraded(records: Iterable[R.TrialRecord], params: Mapping[str, Any]) -> Skip | None:
     """A trial of this study that ran the same allreduce level and saw it silently
     replaced (``allreduce_path_degraded``): the level does not run on this node."""
     level = params.get("allreduce")
     if level in (None, "nccl"):
         return None
-    ev = next((r.number for r in records if r.status == "ok" and r.params.get("allreduce") == level
-               and not R.counts_for_level(r) and r.duplicate_of is None and r.skipped_by_rule is None), None)
+    ev = degraded_levels(records).get(level)
     if ev is None:
         return None
     return Skip("degraded", {

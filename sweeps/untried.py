@@ -16,7 +16,7 @@ untried and feasible is left.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import optuna
@@ -111,10 +111,24 @@ def distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
     return sum(a.get(k) != b.get(k) for k in set(a) | set(b))
 
 
+def knowledge_filter(records: Iterable[R.TrialRecord], rules: Iterable[Any], fp_hash: str | None, model: str | None,
+                     sweep: str | None) -> Callable[[Mapping[str, Any]], bool]:
+    """A check that knob values (a whole config, or an approach's few knobs) hit no allreduce
+    level this study saw silently degraded (:func:`sweeps.gates.degraded_levels`) and no
+    learned rule whose every knob they set, for the node of ``fp_hash`` (None: no rule applies)."""
+    dead_levels = gates.degraded_levels(records)
+    live = list(rules) if fp_hash else []
+
+    def ok(values: Mapping[str, Any]) -> bool:
+        if values.get("allreduce") in dead_levels:
+            return False
+        return not any(r.applies_to(fp_hash, model, values, sweep) for r in live)
+    return ok
+
+
 def allowed_by_knowledge(driver: Any) -> Callable[[dict[str, Any]], bool]:
     """A check that a config hits no learned rule on the driver's node (no hit is recorded)
-    and no allreduce level this study saw silently degraded (:func:`sweeps.gates.degraded`)."""
-    recs = R.load_records(driver.study)
+    and no allreduce level this study saw silently degraded (:func:`knowledge_filter`)."""
     fp = driver.fingerprint
     rules = driver.rules.rules_for_fingerprint(fp) if fp else []
     fp_hash = None
@@ -122,13 +136,7 @@ def allowed_by_knowledge(driver: Any) -> Callable[[dict[str, Any]], bool]:
         from sweeps.rules_match import fingerprint_hash
 
         fp_hash = fingerprint_hash(fp)
-    model, sweep = driver.spec.model.name, driver.study_name
-
-    def ok(cfg: dict[str, Any]) -> bool:
-        if gates.degraded(recs, cfg) is not None:
-            return False
-        return not any(r.applies_to(fp_hash, model, cfg, sweep) for r in rules)
-    return ok
+    return knowledge_filter(R.load_records(driver.study), rules, fp_hash, driver.spec.model.name, driver.study_name)
 
 
 def redirect(driver: Any, proposal: Mapping[str, Any] | None = None, gate: str = "duplicate") -> bool:

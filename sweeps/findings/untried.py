@@ -3,12 +3,13 @@ how many configs of the space are left once known dead ends are excluded."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sweeps import records as R
 from sweeps.findings.context import Context
 from sweeps.findings.groups import Group, outcome
+from sweeps.untried import knowledge_filter
 
 ENUM_LIMIT = 200_000  # configs enumerated to count what is left untried (the campaign space: 37 296)
 
@@ -38,27 +39,18 @@ def _fingerprint_hash(ctx: Context) -> str | None:
         return None
 
 
-def _degraded_levels(records: Sequence[R.TrialRecord]) -> set[Any]:
-    return {r.params.get("allreduce") for r in records
-            if r.status == "ok" and not R.counts_for_level(r) and r.params.get("allreduce") not in (None, "nccl")}
-
-
-def known_dead(ctx: Context, records: Sequence[R.TrialRecord], values: dict[str, Any]) -> bool:
-    """True when knob ``values`` (a whole config or an approach's few knobs) are excluded by a
-    known dead end: a silently degraded allreduce level, or a rule whose every knob they set."""
-    if values.get("allreduce") in _degraded_levels(records):
-        return True
-    fp_hash = _fingerprint_hash(ctx)
-    model = ctx.model.get("name")
-    return bool(fp_hash) and any(rule.applies_to(fp_hash, model, values, ctx.study) for rule in ctx.rules)
+def _knowledge(ctx: Context, records: Sequence[R.TrialRecord]) -> Callable[[Mapping[str, Any]], bool]:
+    """True for knob values (a whole config or an approach's few knobs) no known dead end
+    excludes: a silently degraded allreduce level, or a rule whose every knob they set."""
+    return knowledge_filter(records, ctx.rules, _fingerprint_hash(ctx), ctx.model.get("name"), ctx.study)
 
 
 def open_approaches(ctx: Context, records: Sequence[R.TrialRecord], groups: dict[tuple, Group],
                     gk: list[str]) -> list[str]:
     """``k=v × k=v`` of the approaches never launched that no known dead end excludes."""
     keys = [key for key, g in groups.items() if outcome(g, None) == "untried"]
-    return [" × ".join(f"{k}={v}" for k, v in zip(gk, key)) for key in keys
-            if not known_dead(ctx, records, dict(zip(gk, key)))]
+    ok = _knowledge(ctx, records)
+    return [" × ".join(f"{k}={v}" for k, v in zip(gk, key)) for key in keys if ok(dict(zip(gk, key)))]
 
 
 def remaining(ctx: Context, records: Sequence[R.TrialRecord]) -> tuple[int, int, int] | None:
@@ -68,13 +60,10 @@ def remaining(ctx: Context, records: Sequence[R.TrialRecord]) -> tuple[int, int,
     if cfgs is None:
         return None
     tried = {R.config_key(r.params) for r in records if r.launched or r.status == "skipped"}
-    degraded_levels = _degraded_levels(records)
-    fp_hash = _fingerprint_hash(ctx)
-    model = ctx.model.get("name")
+    ok = _knowledge(ctx, records)
     left = excluded = 0
     for c in cfgs:
-        if c.get("allreduce") in degraded_levels or (
-                fp_hash and any(rule.applies_to(fp_hash, model, c, ctx.study) for rule in ctx.rules)):
+        if not ok(c):
             excluded += 1
         elif R.config_key(c) not in tried:
             left += 1
