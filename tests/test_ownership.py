@@ -6,8 +6,11 @@ artifacts through the server; a local artifact location under a server is warned
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import http.server
 import logging
+import threading
 import time
 from types import SimpleNamespace
 
@@ -114,7 +117,7 @@ def test_401_403_are_refusals_and_an_outage_is_not(monkeypatch, caplog):
     assert "unreachable" in caplog.text
 
 
-class _NotMlflow(__import__("http.server").server.BaseHTTPRequestHandler):
+class _NotMlflow(http.server.BaseHTTPRequestHandler):
     """Answers every GET as one kind of non-MLflow service (``kind`` set per server)."""
 
     kind = "static"
@@ -134,20 +137,27 @@ class _NotMlflow(__import__("http.server").server.BaseHTTPRequestHandler):
         pass
 
 
+@contextlib.contextmanager
+def _serving(handler):
+    """An HTTP server on a free loopback port, in a thread, for the block; yields its port."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 @pytest.mark.parametrize("kind", ["static", "json404", "json200", "html200"])
 def test_a_server_without_mlflow_is_refused_before_anything_is_created(kind, tmp_path, monkeypatch):
     """A ``tracking.uri`` naming another HTTP service answers, but not as MLflow's REST API:
     a configuration error (exit 2, nothing recorded), not an outage to wait out."""
-    import http.server
-    import threading
-
     for k, v in M.HTTP_ENV.items():
         monkeypatch.setenv(k, v)
     handler = http.server.SimpleHTTPRequestHandler if kind == "static" else type(kind, (_NotMlflow,), {"kind": kind})
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    uri = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with _serving(handler) as port:
+        uri = f"http://127.0.0.1:{port}"
         with pytest.raises(M.NotMlflow, match="not as an MLflow tracking server"):
             M.check_access(uri, "smoke")
         drv = InProcessDriver(_spec(tmp_path / "store", f"sqlite:///{tmp_path}/optuna.db",
@@ -156,22 +166,11 @@ def test_a_server_without_mlflow_is_refused_before_anything_is_created(kind, tmp
             execute(drv)
         assert isinstance(e.value, ownership.REFUSALS)  # the driver's exit 2
         assert not hasattr(drv, "study")  # refused before the study and the parent run exist
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_tls_against_a_plain_http_port_is_a_wrong_scheme(monkeypatch):
-    import http.server
-    import threading
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        why = M.api_mismatch(f"https://127.0.0.1:{srv.server_address[1]}", "smoke", timeout_s=5)
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with _serving(http.server.SimpleHTTPRequestHandler) as port:
+        why = M.api_mismatch(f"https://127.0.0.1:{port}", "smoke", timeout_s=5)
     assert why is not None and "TLS handshake failed" in why and "scheme" in why
     assert M.api_mismatch("http://127.0.0.1:9", "smoke", timeout_s=2) is None  # nothing listens: an outage
 
