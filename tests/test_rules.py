@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import subprocess
 import sys
@@ -245,18 +246,28 @@ con.execute("COMMIT")
 """
 
 
-def test_a_store_opened_while_another_process_writes_waits_for_its_lock(tmp_path):
-    # SQLite refuses the switch to WAL at once (no busy wait) while another connection holds
-    # the write lock on a rollback-journal file: the race two processes creating one store run
-    db = tmp_path / "busy.db"
+@contextlib.contextmanager
+def _write_locked(db: Path, hold_s: float):
+    """A rollback-journal SQLite file at ``db`` whose write lock another process holds for
+    ``hold_s`` s from when the block starts; the block ends once that process has let go."""
     con = sqlite3.connect(db)
     con.execute("CREATE TABLE other (x)")
     con.commit()
     con.close()
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_WRITE_LOCK, str(db), "1.0"], stdout=subprocess.PIPE,
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_WRITE_LOCK, str(db), str(hold_s)], stdout=subprocess.PIPE,
                               text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        holder.wait(timeout=30)
+
+
+def test_a_store_opened_while_another_process_writes_waits_for_its_lock(tmp_path):
+    # SQLite refuses the switch to WAL at once (no busy wait) while another connection holds
+    # the write lock on a rollback-journal file: the race two processes creating one store run
+    db = tmp_path / "busy.db"
+    with _write_locked(db, 1.0):
         t0 = time.monotonic()
         s = RuleStore(f"sqlite:///{db}")
         assert time.monotonic() - t0 > 0.5  # it waited out the other writer's 1 s instead of failing
@@ -265,25 +276,16 @@ def test_a_store_opened_while_another_process_writes_waits_for_its_lock(tmp_path
         with s.engine.connect() as c:
             assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         s.close()
-    finally:
-        holder.wait(timeout=30)
 
 
 def test_the_switch_to_wal_gives_up_after_its_timeout(tmp_path):
     db = tmp_path / "held.db"
-    con = sqlite3.connect(db)
-    con.execute("CREATE TABLE other (x)")
-    con.commit()
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_WRITE_LOCK, str(db), "3.0"], stdout=subprocess.PIPE,
-                              text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with _write_locked(db, 3.0):
+        con = sqlite3.connect(db)
         t0 = time.monotonic()
         with pytest.raises(sqlite3.OperationalError, match="locked"):
             use_wal(con, timeout_s=0.3)
         assert 0.3 <= time.monotonic() - t0 < 2.5  # retried for its timeout, then gave up
-    finally:
-        holder.wait(timeout=30)
         con.close()
     assert use_wal(sqlite3.connect(db), timeout_s=0.3) == "wal"  # free again: switched
 
