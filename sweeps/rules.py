@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, event, select
+from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, event, inspect, select
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
@@ -57,7 +57,7 @@ from sweeps.rules_match import (
     uses_model,
 )
 from sweeps.sqlite_tuning import use_wal
-from sweeps.store_retry import retrying
+from sweeps.store_retry import StoreWriteError, retrying
 from tasks.failures import KIND
 
 __all__ = [
@@ -111,6 +111,9 @@ def _now() -> str:
 
 
 # ----------------------------------------------------------------------------- store
+_READ_ONLY = "servesweep_read_only"  # execution option of a connection that only reads
+
+
 def _make_engine(url: str) -> tuple[Engine, bool]:
     u = make_url(url)
     if u.get_backend_name() != "sqlite":
@@ -133,7 +136,9 @@ def _make_engine(url: str) -> tuple[Engine, bool]:
 
     @event.listens_for(eng, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock up front: no lost updates
+        # a write takes the write lock up front (no lost updates); a read takes none, so in
+        # WAL mode it never waits for a writer
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
 
     return eng, True
 
@@ -148,6 +153,10 @@ class RuleStore:
             ``mapping``.
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database cannot be opened or created.
+        sweeps.store_retry.StoreWriteError: another writer held it locked past the retry budget.
+
+    Reads take no write lock; writes (``learn``, ``forget``, hit counts) take it up front
+    and retry a lock for :data:`sweeps.store_retry.RETRY_S`.
     """
 
     def __init__(self, url: str | None = None, knobs_path: str | Path = DEFAULT_KNOBS_PATH) -> None:
@@ -155,6 +164,12 @@ class RuleStore:
         self.engine, self._sqlite = _make_engine(self.url)
         self._knobs_path = Path(knobs_path)
         self._mapping: dict[str, list[str]] | None = None
+        retrying(self._create_schema, f"create the rules table in {self.url}")
+
+    def _create_schema(self) -> None:
+        with self._read() as conn:
+            if inspect(conn).has_table(_rules.name):
+                return  # nothing to write: no write lock to wait for
         with self._tx() as conn:
             _metadata.create_all(conn, checkfirst=True)
 
@@ -162,6 +177,12 @@ class RuleStore:
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
         with self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            conn.execution_options(**{_READ_ONLY: True})
             yield conn
 
     def _select(self, *where: Any) -> Any:
@@ -245,13 +266,17 @@ class RuleStore:
 
     def forget(self, rule_id: int) -> bool:
         """Delete a rule; True when it existed."""
-        with self._tx() as conn:
-            return conn.execute(_rules.delete().where(_rules.c.id == int(rule_id))).rowcount > 0
+        def delete() -> bool:
+            with self._tx() as conn:
+                return conn.execute(_rules.delete().where(_rules.c.id == int(rule_id))).rowcount > 0
+        return retrying(delete, f"forget rule {rule_id}")
 
     def record_hit(self, rule_id: int) -> None:
         """Count one trial skipped by a rule."""
-        with self._tx() as conn:
-            conn.execute(_rules.update().where(_rules.c.id == int(rule_id)).values(hits=_rules.c.hits + 1))
+        def bump() -> None:
+            with self._tx() as conn:
+                conn.execute(_rules.update().where(_rules.c.id == int(rule_id)).values(hits=_rules.c.hits + 1))
+        retrying(bump, f"count a skip by rule {rule_id}")
 
     # -- reading
     def match(self, fingerprint: Mapping[str, Any], model: str, params: Mapping[str, Any], *,
@@ -280,7 +305,7 @@ class RuleStore:
 
     def get(self, rule_id: int) -> Rule | None:
         """The rule with this id, or None."""
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             row = conn.execute(select(_rules).where(_rules.c.id == int(rule_id))).first()
         return _row_to_rule(row) if row is not None else None
 
@@ -294,7 +319,7 @@ class RuleStore:
             where.append(_rules.c.failure_class == failure_class)
         if model is not None:
             where.append(_rules.c.model == model)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(select(_rules).where(*where).order_by(_rules.c.id)).all()
         return [_row_to_rule(r) for r in rows]
 
@@ -344,6 +369,15 @@ def main(argv: Iterable[str] | None = None) -> int:
         sp = sub.add_parser(name, parents=[common], help=help_)
         sp.add_argument("id", type=int)
     a = p.parse_args(list(argv) if argv is not None else None)
+    try:
+        return _run_cli(a)
+    except StoreWriteError as e:
+        print(f"servesweep.rules: {e}; nothing was changed. Run it again once the other writer is done.",
+              file=sys.stderr)
+        return 1
+
+
+def _run_cli(a: argparse.Namespace) -> int:
     store = RuleStore(a.db_sub or a.db or DEFAULT_DB_URL)
     try:
         if a.cmd == "list":

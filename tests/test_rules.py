@@ -248,10 +248,10 @@ con.execute("COMMIT")
 
 @contextlib.contextmanager
 def _write_locked(db: Path, hold_s: float):
-    """A rollback-journal SQLite file at ``db`` whose write lock another process holds for
-    ``hold_s`` s from when the block starts; the block ends once that process has let go."""
+    """The SQLite file ``db`` (a new one in rollback-journal mode) whose write lock another
+    process holds for ``hold_s`` s from when the block starts; the block ends once it let go."""
     con = sqlite3.connect(db)
-    con.execute("CREATE TABLE other (x)")
+    con.execute("CREATE TABLE IF NOT EXISTS other (x)")
     con.commit()
     con.close()
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_WRITE_LOCK, str(db), str(hold_s)], stdout=subprocess.PIPE,
@@ -276,6 +276,32 @@ def test_a_store_opened_while_another_process_writes_waits_for_its_lock(tmp_path
         with s.engine.connect() as c:
             assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         s.close()
+
+
+def test_reading_rules_never_waits_for_a_writer(tmp_path):
+    db = tmp_path / "read.db"
+    s = RuleStore(f"sqlite:///{db}")
+    r = s.learn(FP, MODEL, P(nccl_algo="Tree"), "nccl_env_algo_proto_invalid", "sig", ev(1))
+    s.close()
+    with _write_locked(db, 3.0):
+        t0 = time.monotonic()
+        s = RuleStore(f"sqlite:///{db}")  # the table exists: nothing to write
+        assert [x.id for x in s.rules_for_fingerprint(FP)] == [r.id] and s.get(r.id) is not None
+        assert s.match(FP, MODEL, P(nccl_algo="Tree"), record_hit=False).id == r.id
+        assert time.monotonic() - t0 < 1.5  # not the writer's 3 s
+        s.close()
+
+
+def test_the_rules_cli_reports_a_store_locked_past_its_budget_in_one_line(tmp_path, monkeypatch):
+    from sweeps import rules as rules_mod
+    from sweeps import store_retry
+
+    db = tmp_path / "cli-locked.db"
+    monkeypatch.setattr(rules_mod, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(store_retry, "RETRY_S", 0.5)
+    with _write_locked(db, 4.0):
+        rc = rules_mod.main(["--db", f"sqlite:///{db}", "list"])  # a new file: creating the table needs the lock
+    assert rc == 1
 
 
 def test_the_switch_to_wal_gives_up_after_its_timeout(tmp_path):
