@@ -347,9 +347,25 @@ def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
             )
     if spec.sweep.mode == "recheck" and not spec.source:
         problems.append("source: sweep=recheck needs source=<name of the sweep to re-check>")
+    problems += _check_profile(spec)
     if problems:
         raise ConfigError("\n".join(problems))
     return spec
+
+
+def _check_profile(spec: SweepSpec) -> list[str]:
+    """The emulated node's profile (``backend.emulator.*`` over the node's and model's
+    ``emulator:`` blocks) builds, and its noise seed is a whole number; a real engine has none."""
+    try:
+        prof = get_backend(spec.backend.kind).profile(spec.node.model_dump(), spec.model.model_dump(),
+                                                      backend_dict(spec))
+    except ValueError as e:
+        msg = str(e)
+        return [f"backend.{msg}" if msg.startswith("emulator.") else msg]
+    seed = (prof or {}).get("emulator", {}).get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        return [f"backend.emulator.seed: must be a whole number (got {seed!r})"]
+    return []
 
 
 def _check_knob_levels(spec: SweepSpec, space: SearchSpace) -> list[str]:

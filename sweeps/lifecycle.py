@@ -30,7 +30,8 @@ def execute(drv: Driver) -> Driver:
     try:
         try:
             check_here(drv.spec)  # a real engine that cannot run here: exit 2 before any store is touched
-            drv.setup()
+            with store_failures(drv):  # a read-only or full store already at setup: the same clean stop
+                drv.setup()
         except BaseException:
             drv.publisher.close_failed()
             raise

@@ -76,8 +76,8 @@ def derived(metrics: Mapping[str, float], spec: Any) -> dict[str, float]:
     if metrics and missing:
         raise ObjectiveMissing(f"sweep.objective / sweep.objective_constraints: {missing} is not a metric this "
                                f"sweep's trials log (the first benchmarked trial logged {sorted(out)}); fix the "
-                               f"metric name (or set node.gpu_hour_usd for cost_usd_per_mtok) and start a new "
-                               f"study (new_study=true)")
+                               f"metric name (or set node.gpu_hour_usd for cost_usd_per_mtok) and run the same "
+                               f"command again: nothing was ranked by it, so the study takes the fixed one")
     return out
 
 

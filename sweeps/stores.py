@@ -76,14 +76,10 @@ def check_mlflow_schema(url: str) -> None:
 
 
 def _create_all(spec: SweepSpec, track: bool) -> None:
-    import optuna
-
-    from sweeps import sqlite_tuning
     from sweeps.rules import RuleStore
+    from sweeps.study import optuna_storage
 
-    optuna.storages.RDBStorage(spec.optuna_storage, engine_kwargs={
-        "connect_args": {"timeout": sqlite_tuning.BUSY_TIMEOUT_MS / 1000}} if spec.optuna_storage.startswith("sqlite")
-        else {})
+    optuna_storage(spec)
     RuleStore(spec.rules_db)
     if track and sqlite_path(spec.mlflow_uri) is not None:
         from mlflow.tracking import MlflowClient

@@ -66,7 +66,8 @@ def study_identity(spec: SweepSpec) -> dict[str, str]:
 def check_identity(study: optuna.Study, spec: SweepSpec) -> None:
     """Record the study's identity, or refuse to resume it with another one.
 
-    A study created before identities were recorded adopts the current one.
+    A study created before identities were recorded adopts the current one, and so does a
+    study whose only change is its objective while no trial of it was ranked (COMPLETE) yet.
 
     Raises:
         SweepError: names every field that differs and the way out (a new study).
@@ -79,7 +80,15 @@ def check_identity(study: optuna.Study, spec: SweepSpec) -> None:
     if old is None and not diff:
         study.set_user_attr(IDENTITY_ATTR, now)
         return
-    diff += [f"{k}: {old.get(k)!r} != {v!r}" for k, v in now.items() if old is not None and old.get(k) != v]
+    changed = [k for k, v in now.items() if old is not None and old.get(k) != v]
+    if changed == ["objective"] and not diff and not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        # nothing was ranked by the old objective (e.g. a misspelled metric stopped the first
+        # trial): the study takes the new one instead of being blocked for good
+        log.warning("study %r: objective %r -> %r (no trial was ranked by the old one)", study.study_name,
+                    old.get("objective"), now["objective"])
+        study.set_user_attr(IDENTITY_ATTR, now)
+        return
+    diff += [f"{k}: {old.get(k)!r} != {now[k]!r}" for k in changed]
     if diff:
         raise SweepError(
             f"study {study.study_name!r} holds results of a different setup ({'; '.join(diff)}; study != now). "
@@ -98,10 +107,16 @@ def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
     )
 
 
-def _storage(spec: SweepSpec) -> optuna.storages.RDBStorage:
-    sqlite = spec.optuna_storage.startswith("sqlite")
+def optuna_storage(spec: SweepSpec) -> optuna.storages.RDBStorage:
+    """The Optuna RDB storage of ``spec.optuna_storage`` (schema created on first use); a
+    SQLite file's directory is created, as the rules and MLflow stores create theirs."""
+    from sweeps.stores import sqlite_path
+
+    path = sqlite_path(spec.optuna_storage)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
     return optuna.storages.RDBStorage(spec.optuna_storage, engine_kwargs={
-        "connect_args": {"timeout": sqlite_tuning.BUSY_TIMEOUT_MS / 1000}} if sqlite else {})
+        "connect_args": {"timeout": sqlite_tuning.BUSY_TIMEOUT_MS / 1000}} if path is not None else {})
 
 
 def open_study(spec: SweepSpec, name: str | None = None) -> optuna.Study:
@@ -113,7 +128,7 @@ def open_study(spec: SweepSpec, name: str | None = None) -> optuna.Study:
     """
     name = name or spec.study
     objs = spec.objective_set
-    study = optuna.create_study(study_name=name, storage=_storage(spec), sampler=make_sampler(spec),
+    study = optuna.create_study(study_name=name, storage=optuna_storage(spec), sampler=make_sampler(spec),
                                 directions=objs.directions, load_if_exists=True)
     sig = space_signature(spec)
     old = study.user_attrs.get(SPACE_ATTR)

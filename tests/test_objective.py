@@ -183,6 +183,8 @@ def test_study_identity_refuses_another_setup_and_old_studies_adopt_it(tmp_path)
     assert ident["backend"] == "instant" and ident["objective"] == "decode_tok_s maximize"
     assert ident["engine_version"] == spec.backend.sglang_version and ident["node"] == spec.node.name
     assert open_study(spec).user_attrs[IDENTITY_ATTR] == ident  # same setup: resumes
+    ranked = study.ask()
+    study.tell(ranked, 80.0)  # the objective has ranked a trial: changing it would mix results
     for extra, field in [(["backend=emulated"], "backend"), (["backend.sglang_version=0.5.20"], "engine_version"),
                          (["sweep.objective=output_tok_s"], "objective"),
                          (["sweep.direction=minimize"], "direction")]:
@@ -240,3 +242,26 @@ def test_a_metric_no_trial_logs_stops_the_sweep_at_the_first_result(tmp_path, ov
     assert "is not a metric this sweep's trials log" in r.stderr and name in r.stderr, r.stderr[-2000:]
     assert "decode_tok_s" in r.stderr  # the message lists what trials do log
     assert "Traceback" not in r.stderr
+    # nothing was ranked by the misspelled metric: the fixed command resumes the same study
+    fixed = [a for a in args if a != override]
+    r = subprocess.run([sys.executable, str(REPO / "run_sweep.py"), *fixed], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "no trial was ranked by the old one" in r.stdout + r.stderr
+
+
+def test_a_study_nothing_was_ranked_in_takes_a_new_objective(tmp_path):
+    from sweeps.study import IDENTITY_ATTR, SweepError, open_study
+
+    spec = _spec(tmp_path, [])
+    spec.store_dir.mkdir(parents=True)
+    study = open_study(spec)
+    failed = study.ask()
+    study.tell(failed, state=optuna.trial.TrialState.FAIL)
+    other = load_spec(compose_cfg([*FAST, "sweep.objective=output_tok_s", f"tracking.store_dir={spec.store_dir}",
+                                   f"tracking.findings_dir={spec.store_dir / 'findings'}"]))
+    assert open_study(other).user_attrs[IDENTITY_ATTR]["objective"] == "output_tok_s maximize"
+    backend = load_spec(compose_cfg([*FAST, "backend=emulated", f"tracking.store_dir={spec.store_dir}",
+                                     f"tracking.findings_dir={spec.store_dir / 'findings'}"]))
+    with pytest.raises(SweepError, match="backend"):
+        open_study(backend)  # only the objective: another backend measured something else
