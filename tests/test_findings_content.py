@@ -177,7 +177,7 @@ def test_next_steps_ties_rechecks_and_plot_links(tmp_path):
     assert "**Ties that need more repeats**: the winner t2 89.9 (86.0–93.9) overlaps t1 88.6 (83.3–93.9) at 3 repeats" in sec
     assert "sweep.confirm.repeats=6" in sec
     assert "torch_symm_mem_unsupported (t4; after a torch / nccl upgrade)" in sec
-    assert "`python run_sweep.py sweep=recheck source=camp`" in sec
+    assert "`python run_sweep.py sweep=recheck source=camp node=<the upgraded node>`" in sec
     assert "[optimization_history](../store/reports/camp/optimization_history.png)" in sec
     assert "MLflow parent run" in sec
 

@@ -125,7 +125,9 @@ def _recheck_lines(ctx: Context, recs: Sequence[R.TrialRecord]) -> list[str]:
              + f"; after a {' / '.join(RECHECK_CLASSES[cls])} upgrade)" for cls, ns in sorted(seen.items())]
     return ["- **Rechecks worth running after an upgrade** (dead ends that depend on the GPU architecture or a "
             "component version): " + "; ".join(parts)
-            + f". Re-run each once on the new stack: `python run_sweep.py sweep=recheck source={ctx.study}`."]
+            + f". Re-run each once on the new stack: `python run_sweep.py sweep=recheck source={ctx.study} "
+            "node=<the upgraded node>` (on the node they were learned on they all still apply, and nothing is "
+            "re-run)."]
 
 
 def plot_links(ctx: Context) -> list[str]:
