@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sweeps.bench_config import BenchConfig
+from sweeps.config_profile import profile_problems
 from sweeps.objective import ObjectiveSet, check_constraints, check_directions, check_objective_names
 from sweeps.space import SearchSpace, SpaceError, any_feasible, parse_space
 from tasks.backends import available_backends, get_backend
@@ -290,10 +291,9 @@ def _loc(err: Mapping[str, Any]) -> str:
 def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
     """Validate a composed config into a :class:`SweepSpec`.
 
-    Checks types and ranges (pydantic), the search space (types, bounds, empty choice
-    lists, ``when`` references, constraint syntax), knob names, the baseline and seed
-    trials against the space, renders every seed through the knob registry, and
-    verifies the constraints leave at least one feasible config (sampled check).
+    Checks types and ranges (pydantic), the search space (types, bounds, empty choices, ``when``,
+    constraints), knob names, the baseline and seeds (rendered through the knob registry), that
+    a feasible config exists (sampled), and the emulated node's ``backend.emulator.*`` values.
 
     Raises:
         ConfigError: one line per problem, each naming the dotted field and the fix.
@@ -347,25 +347,10 @@ def load_spec(cfg: DictConfig | Mapping[str, Any]) -> SweepSpec:
             )
     if spec.sweep.mode == "recheck" and not spec.source:
         problems.append("source: sweep=recheck needs source=<name of the sweep to re-check>")
-    problems += _check_profile(spec)
+    problems += profile_problems(spec)
     if problems:
         raise ConfigError("\n".join(problems))
     return spec
-
-
-def _check_profile(spec: SweepSpec) -> list[str]:
-    """The emulated node's profile (``backend.emulator.*`` over the node's and model's
-    ``emulator:`` blocks) builds, and its noise seed is a whole number; a real engine has none."""
-    try:
-        prof = get_backend(spec.backend.kind).profile(spec.node.model_dump(), spec.model.model_dump(),
-                                                      backend_dict(spec))
-    except ValueError as e:
-        msg = str(e)
-        return [f"backend.{msg}" if msg.startswith("emulator.") else msg]
-    seed = (prof or {}).get("emulator", {}).get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        return [f"backend.emulator.seed: must be a whole number (got {seed!r})"]
-    return []
 
 
 def _check_knob_levels(spec: SweepSpec, space: SearchSpace) -> list[str]:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sweeps.stores import StoreError
+from sweeps.study import SweepError
 
 log = logging.getLogger("servesweep")
 _DB_WORDS = ("disk is full", "readonly database", "read-only", "disk i/o error", "no space left")
@@ -46,6 +47,8 @@ def store_failures(drv: Any) -> Iterator[None]:
     """
     try:
         yield
+    except SweepError:
+        raise  # already a sweep-level stop with its own message (e.g. ensure_writable's)
     except Exception as e:
         from sweeps.tracking import MlflowStoreBroken
 

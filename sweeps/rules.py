@@ -15,9 +15,10 @@ SQLite file ``mlflow/servesweep.db`` at the repo root), shared by all sweeps, no
 - After an upgrade the fingerprint hash changes, so old rules stop applying;
   :meth:`RuleStore.all_dead_ends` lists them for a recheck sweep.
 
-Concurrency: SQLite gets a busy timeout and ``BEGIN IMMEDIATE`` write transactions (WAL
-journal), so two processes (two sweeps, or a sweep and the CLI) can learn at once without
-losing evidence; other databases use ``SELECT ... FOR UPDATE``.
+Concurrency (:mod:`sweeps.rules_engine`): SQLite gets WAL, a busy timeout and ``BEGIN
+IMMEDIATE`` write transactions, so two processes (two sweeps, or a sweep and the CLI) can learn
+at once without losing evidence, and reads never wait for a writer; other databases use
+``SELECT ... FOR UPDATE``.
 
 What a rule matches on (canonical values, fingerprints, implicated knobs, ``Rule``) is in
 ``sweeps.rules_match``, re-exported here.
@@ -37,12 +38,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, event, inspect, select
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy import Column, Integer, MetaData, String, Table, Text, inspect, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.pool import StaticPool
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
+from sweeps.rules_engine import READ_ONLY, make_engine
 from sweeps.rules_match import (
     DEFAULT_KNOBS_PATH,
     FINGERPRINT_KEYS,
@@ -56,7 +57,6 @@ from sweeps.rules_match import (
     load_implicated_knobs,
     uses_model,
 )
-from sweeps.sqlite_tuning import use_wal
 from sweeps.store_retry import StoreWriteError, retrying
 from tasks.failures import KIND
 
@@ -111,38 +111,6 @@ def _now() -> str:
 
 
 # ----------------------------------------------------------------------------- store
-_READ_ONLY = "servesweep_read_only"  # execution option of a connection that only reads
-
-
-def _make_engine(url: str) -> tuple[Engine, bool]:
-    u = make_url(url)
-    if u.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True), False
-    db = u.database
-    if db in (None, "", ":memory:"):
-        eng = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
-                            poolclass=StaticPool)
-    else:
-        Path(db).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
-        eng = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
-
-    @event.listens_for(eng, "connect")
-    def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
-        dbapi_conn.isolation_level = None  # pysqlite must not BEGIN by itself: we BEGIN IMMEDIATE
-        if db in (None, "", ":memory:"):
-            dbapi_conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        else:
-            use_wal(dbapi_conn, BUSY_TIMEOUT_S)
-
-    @event.listens_for(eng, "begin")
-    def _on_begin(conn: Connection) -> None:
-        # a write takes the write lock up front (no lost updates); a read takes none, so in
-        # WAL mode it never waits for a writer
-        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
-
-    return eng, True
-
-
 class RuleStore:
     """The failure-rules table behind a SQLAlchemy URL (created on first use).
 
@@ -161,7 +129,7 @@ class RuleStore:
 
     def __init__(self, url: str | None = None, knobs_path: str | Path = DEFAULT_KNOBS_PATH) -> None:
         self.url = url or DEFAULT_DB_URL
-        self.engine, self._sqlite = _make_engine(self.url)
+        self.engine, self._sqlite = make_engine(self.url, BUSY_TIMEOUT_S)
         self._knobs_path = Path(knobs_path)
         self._mapping: dict[str, list[str]] | None = None
         retrying(self._create_schema, f"create the rules table in {self.url}")
@@ -179,10 +147,17 @@ class RuleStore:
         with self.engine.begin() as conn:
             yield conn
 
+    def _write(self, stmt: Any, what: str) -> int:
+        """Run one write statement in its own transaction, retrying a lock; its rowcount."""
+        def run() -> int:
+            with self._tx() as conn:
+                return int(conn.execute(stmt).rowcount)
+        return retrying(run, what)
+
     @contextmanager
     def _read(self) -> Iterator[Connection]:
         with self.engine.connect() as conn:
-            conn.execution_options(**{_READ_ONLY: True})
+            conn.execution_options(**{READ_ONLY: True})
             yield conn
 
     def _select(self, *where: Any) -> Any:
@@ -266,17 +241,12 @@ class RuleStore:
 
     def forget(self, rule_id: int) -> bool:
         """Delete a rule; True when it existed."""
-        def delete() -> bool:
-            with self._tx() as conn:
-                return conn.execute(_rules.delete().where(_rules.c.id == int(rule_id))).rowcount > 0
-        return retrying(delete, f"forget rule {rule_id}")
+        return self._write(_rules.delete().where(_rules.c.id == int(rule_id)), f"forget rule {rule_id}") > 0
 
     def record_hit(self, rule_id: int) -> None:
         """Count one trial skipped by a rule."""
-        def bump() -> None:
-            with self._tx() as conn:
-                conn.execute(_rules.update().where(_rules.c.id == int(rule_id)).values(hits=_rules.c.hits + 1))
-        retrying(bump, f"count a skip by rule {rule_id}")
+        self._write(_rules.update().where(_rules.c.id == int(rule_id)).values(hits=_rules.c.hits + 1),
+                    f"count a skip by rule {rule_id}")
 
     # -- reading
     def match(self, fingerprint: Mapping[str, Any], model: str, params: Mapping[str, Any], *,

@@ -13,12 +13,21 @@ never corrupts the file. WAL needs a local filesystem (not NFS): a team uses Pos
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
 
 _installed = False
 BUSY_TIMEOUT_MS = 30_000  # wait for another process's write lock instead of failing at once
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` URL (None for other databases or in-memory SQLite)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    p = url[len("sqlite:///"):]
+    return Path(p) if p and p != ":memory:" else None
 
 
 def _busy(e: BaseException) -> bool:

@@ -15,11 +15,11 @@ import os
 import secrets
 import sqlite3
 import time
-from pathlib import Path
 
 from filelock import FileLock, Timeout
 
 from sweeps.config import SweepSpec
+from sweeps.sqlite_tuning import sqlite_path
 from sweeps.study import SweepError
 
 log = logging.getLogger("servesweep")
@@ -33,14 +33,6 @@ class StoreError(SweepError):
     """A store that cannot be used as it is (half-created schema, unreachable); exit code 2."""
 
     exit_code = 2
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The file of a ``sqlite:///`` URL (None for other databases or in-memory SQLite)."""
-    if not url.startswith("sqlite:///"):
-        return None
-    p = url[len("sqlite:///"):]
-    return Path(p) if p and p != ":memory:" else None
 
 
 def leftover_alembic_tables(url: str) -> list[str]:

@@ -110,9 +110,7 @@ def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
 def optuna_storage(spec: SweepSpec) -> optuna.storages.RDBStorage:
     """The Optuna RDB storage of ``spec.optuna_storage`` (schema created on first use); a
     SQLite file's directory is created, as the rules and MLflow stores create theirs."""
-    from sweeps.stores import sqlite_path
-
-    path = sqlite_path(spec.optuna_storage)
+    path = sqlite_tuning.sqlite_path(spec.optuna_storage)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
     return optuna.storages.RDBStorage(spec.optuna_storage, engine_kwargs={

@@ -86,6 +86,25 @@ def test_unwritable_store(tmp_path):
     assert f"cannot write to {store}" in r.stderr and "tracking.store_dir" in r.stderr
 
 
+@pytest.mark.parametrize("override, field", [("backend.emulator.time_scale=-1", "backend.emulator.time_scale"),
+                                             ("backend.emulator.time_scale=abc", "backend.emulator.time_scale"),
+                                             ("backend.emulator.seed=abc", "backend.emulator.seed")])
+def test_a_bad_emulator_override_is_a_config_error(override, field):
+    from sweeps.config import ConfigError
+
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_spec(compose_cfg([override]))
+
+
+def test_an_optuna_storage_in_a_new_directory_is_created(tmp_path):
+    from sweeps.study import open_study
+
+    db = tmp_path / "not" / "yet" / "optuna.db"
+    spec = load_spec(compose_cfg(["backend=instant", f"tracking.store_dir={tmp_path / 'store'}",
+                                  f"tracking.optuna_storage=sqlite:///{db}"]))
+    assert open_study(spec).study_name == spec.study and db.exists()
+
+
 @pytest.mark.slow
 def test_unreachable_ray_address(tmp_path):
     t0 = time.monotonic()
