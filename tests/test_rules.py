@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sweeps import sqlite_tuning
 from sweeps.rules import (
     DEFAULT_KNOBS_PATH,
     FINGERPRINT_KEYS,
@@ -298,6 +299,7 @@ def test_the_rules_cli_reports_a_store_locked_past_its_budget_in_one_line(tmp_pa
 
     db = tmp_path / "cli-locked.db"
     monkeypatch.setattr(rules_mod, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(sqlite_tuning, "BUSY_TIMEOUT_MS", 200)  # the process-wide listener, if installed
     monkeypatch.setattr(store_retry, "RETRY_S", 0.5)
     with _write_locked(db, 4.0):
         rc = rules_mod.main(["--db", f"sqlite:///{db}", "list"])  # a new file: creating the table needs the lock
