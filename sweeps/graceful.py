@@ -17,6 +17,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from sweeps.cluster import RayUnavailable
 from sweeps.stores import StoreError
 from sweeps.study import SweepError
 
@@ -30,7 +31,8 @@ def store_cause(e: BaseException) -> str | None:
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, OSError) and cur.errno is not None:
+        # a socket that refused or reset (Ray, an MLflow server) is not the store's file
+        if isinstance(cur, OSError) and not isinstance(cur, ConnectionError) and cur.errno is not None:
             return f"{cur.filename or '?'}: {cur.strerror or cur}"
         if any(w in str(cur).lower() for w in _DB_WORDS):
             return str(cur).splitlines()[0][:300]
@@ -47,8 +49,8 @@ def store_failures(drv: Any) -> Iterator[None]:
     """
     try:
         yield
-    except SweepError:
-        raise  # already a sweep-level stop with its own message (e.g. ensure_writable's)
+    except (SweepError, RayUnavailable):
+        raise  # already a sweep-level stop with its own message (ensure_writable's, ray.address's)
     except Exception as e:
         from sweeps.tracking import MlflowStoreBroken
 

@@ -85,6 +85,9 @@ def test_store_causes_are_recognised():
     wrapped.__cause__ = sqlite3.OperationalError("database or disk is full")
     assert store_cause(wrapped) == "database or disk is full"
     assert store_cause(ValueError("bad value")) is None
+    refused = RuntimeError("cannot reach Ray")
+    refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    assert store_cause(refused) is None  # a socket, not the store's file
 
 
 @pytest.fixture
