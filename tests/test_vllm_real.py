@@ -102,8 +102,9 @@ def _streams_to(port: int) -> int:
 def _engine_core_when_busy(tmp_path: Path, timeout: float, runner: threading.Thread,
                            ended: Callable[[], str] = str, streams: int = 4) -> psutil.Process:
     """The trial's VLLM::EngineCore once its server is running requests: ``/metrics`` says so,
-    or (an API server too busy streaming to answer it) the benchmark's ``streams`` connections
-    have been open for a second. ``ended()`` says how the trial ended when it ends first."""
+    or (an API server too busy streaming to answer it) a benchmark stream has been open for a
+    second (``streams``: the benchmark's concurrency, kept for the callers). ``ended()`` says
+    how the trial ended when it ends first."""
     def api_server() -> tuple[str, psutil.Process] | None:
         assert runner.is_alive(), f"the trial ended before its server ran a request: {ended()}"
         for p in _ours(tmp_path):
@@ -117,12 +118,13 @@ def _engine_core_when_busy(tmp_path: Path, timeout: float, runner: threading.Thr
     streaming_since: list[float] = []
 
     def running() -> bool:
-        if _streams_to(int(port)) >= streams:
+        # an open benchmark stream for a second: its request is queued or running, so a fault
+        # now lands mid-benchmark. While one is open, /metrics is not asked: a busy API server
+        # takes its whole 2 s timeout to not answer it, which made the sampling too sparse
+        if _streams_to(int(port)) >= 1:
             streaming_since[:] = streaming_since or [time.monotonic()]
-            if time.monotonic() - streaming_since[0] >= 1.0:
-                return True
-        else:
-            streaming_since.clear()
+            return time.monotonic() - streaming_since[0] >= 1.0
+        streaming_since.clear()
         with contextlib.suppress(httpx.HTTPError):
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
             m = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)", text, re.M)
