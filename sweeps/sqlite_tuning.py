@@ -18,6 +18,8 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
 
+from sweeps.store_retry import is_busy
+
 _installed = False
 BUSY_TIMEOUT_MS = 30_000  # wait for another process's write lock instead of failing at once
 
@@ -28,10 +30,6 @@ def sqlite_path(url: str) -> Path | None:
         return None
     p = url[len("sqlite:///"):]
     return Path(p) if p and p != ":memory:" else None
-
-
-def _busy(e: BaseException) -> bool:
-    return isinstance(e, sqlite3.OperationalError) and getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
 
 
 def use_wal(dbapi_connection: sqlite3.Connection, timeout_s: float | None = None) -> str:
@@ -55,7 +53,7 @@ def use_wal(dbapi_connection: sqlite3.Connection, timeout_s: float | None = None
     cur = dbapi_connection.cursor()
     try:
         cur.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
-        for attempt in Retrying(retry=retry_if_exception(_busy), stop=stop_after_delay(timeout_s),
+        for attempt in Retrying(retry=retry_if_exception(is_busy), stop=stop_after_delay(timeout_s),
                                 wait=wait_random(0.005, 0.05), reraise=True):
             with attempt:
                 mode = cur.execute("PRAGMA journal_mode=WAL").fetchone()[0]
