@@ -20,7 +20,8 @@ TABLE_PATH = Path(__file__).with_name("failure_signatures.yaml")
 KINDS = ("deterministic", "transient", "infra", "perf")
 #: Named whole-log checks a signature row may use instead of patterns (``tasks.failures``).
 CHECK_NAMES = ("spec_decode_no_speedup", "allreduce_path_degraded")
-_ROW_KEYS = {"class", "patterns", "source", "requires", "unless", "near", "exit_codes", "stages", "check"}
+_ROW_KEYS = {"class", "patterns", "source", "requires", "unless", "near", "not_near", "line_unless", "exit_codes",
+             "stages", "check"}
 
 #: Lines above the decisive one searched by ``Signature.near`` (a Python traceback frame
 #: and its source line sit 1-3 lines above the exception line; 8 leaves room for chained
@@ -48,7 +49,10 @@ class Signature:
         requires: regex that must occur somewhere in the log (multiline).
         unless: regex that vetoes the row when it occurs anywhere in the log.
         near: regex that must occur within :data:`NEAR_LINES` lines above (or on) the
-            decisive line, e.g. the traceback frame that raised it.
+            decisive line, or in the traceback that ends on it, e.g. the frame that raised it.
+        not_near: regex that vetoes the decisive line when it occurs where ``near`` looks.
+        line_unless: regex that vetoes a decisive line it matches (e.g. a side component's
+            own line: NCCL's RAS socket is not the server's port).
         exit_codes: the row applies only for these exit codes (``None`` = still running
             or killed by the harness); ``None`` here means any exit code.
         stages: the row applies only when the decisive line falls in one of these startup
@@ -63,6 +67,8 @@ class Signature:
     requires: re.Pattern[str] | None = None
     unless: re.Pattern[str] | None = None
     near: re.Pattern[str] | None = None
+    not_near: re.Pattern[str] | None = None
+    line_unless: re.Pattern[str] | None = None
     exit_codes: frozenset[int | None] | None = None
     stages: frozenset[str] | None = None
     check: str | None = None
@@ -78,6 +84,8 @@ class Tables:
         milestones: (stage, regex) in startup order.
         normalizers: (regex, replacement) applied in order by ``normalize_line``.
         degraded_paths: (allreduce path, regex) of lines saying the path was turned off.
+        added: the classes added to ``../shared/data/failure_classes.md``'s canonical set
+            (``added_classes``): class -> {what, sources, knobs, probe, probe_reason}.
     """
 
     kinds: dict[str, str]
@@ -85,6 +93,7 @@ class Tables:
     milestones: tuple[tuple[str, re.Pattern[str]], ...]
     normalizers: tuple[tuple[re.Pattern[str], str], ...]
     degraded_paths: tuple[tuple[str, re.Pattern[str]], ...]
+    added: dict[str, dict[str, Any]]
 
 
 def _compile(where: str, pattern: Any, flags: int = 0) -> re.Pattern[str]:
@@ -129,6 +138,7 @@ def _row(i: int, row: Any, kinds: dict[str, str], stages: set[str]) -> Signature
         failure_class=cls, patterns=tuple(_compile(f"{where}.patterns[{j}]", p) for j, p in enumerate(pats)),
         source=str(row.get("source") or ""), requires=_opt(where, row, "requires", re.MULTILINE),
         unless=_opt(where, row, "unless", re.MULTILINE), near=_opt(where, row, "near"),
+        not_near=_opt(where, row, "not_near"), line_unless=_opt(where, row, "line_unless"),
         exit_codes=None if codes is None else frozenset(codes), stages=None if st is None else frozenset(st),
         check=check)
 
@@ -163,6 +173,30 @@ def _normalizers(data: dict) -> tuple[tuple[re.Pattern[str], str], ...]:
     return tuple(out)
 
 
+_ADDED_KEYS = {"what", "sources", "knobs", "probe", "probe_reason"}
+
+
+def _added(data: dict, kinds: dict[str, str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for cls, e in (data.get("added_classes") or {}).items():
+        where = f"added_classes.{cls}"
+        if cls not in kinds:
+            raise SignatureTableError(f"{where}: class is not in kinds")
+        if not isinstance(e, dict) or set(e) != _ADDED_KEYS:
+            raise SignatureTableError(f"{where}: expected exactly the keys {sorted(_ADDED_KEYS)}")
+        if not isinstance(e["knobs"], list) or not all(isinstance(k, str) and k for k in e["knobs"]):
+            raise SignatureTableError(f"{where}.knobs: expected a list of knob names")
+        if e["probe"] not in ("revealable", "not_revealable"):
+            raise SignatureTableError(f"{where}.probe: {e['probe']!r} is not revealable / not_revealable")
+        if e["probe"] == "revealable" and kinds[cls] != "deterministic":
+            raise SignatureTableError(f"{where}.probe: only a deterministic class can be revealable")
+        for k in ("what", "sources", "probe_reason"):
+            if not isinstance(e[k], str) or not e[k].strip():
+                raise SignatureTableError(f"{where}.{k}: expected text")
+        out[str(cls)] = dict(e)
+    return out
+
+
 def load_tables(path: str | Path = TABLE_PATH) -> Tables:
     """Read and validate the signature tables.
 
@@ -188,7 +222,8 @@ def load_tables(path: str | Path = TABLE_PATH) -> Tables:
     missing = set(kinds) - set(order)
     if missing:
         raise SignatureTableError(f"signatures: no row for {sorted(missing)} (every class in kinds needs one)")
-    return Tables(kinds, rows, milestones, _normalizers(data), tuple(_pairs(data, "degraded_paths", "path")))
+    return Tables(kinds, rows, milestones, _normalizers(data), tuple(_pairs(data, "degraded_paths", "path")),
+                  _added(data, kinds))
 
 
 TABLES = load_tables()

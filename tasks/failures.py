@@ -27,7 +27,9 @@ failure signature is :data:`HEALTHY` (not a failure class: ``failure_class == "h
 the baseline into ``spec_decode_no_speedup``.
 
 CLI: ``python -m tasks.failures [--exit-code N] [--phase P] [--speedup X | --bench B.json] LOG...``
-prints ``PATH<TAB>CLASS<TAB>KIND<TAB>SIGNATURE`` per log (CLASS ``healthy`` for a healthy log).
+prints per log its class, kind, phase, decisive line and the nearest entries of the public
+corpus (``tasks/failure_corpus``) with their threads; ``--tsv`` prints
+``PATH<TAB>CLASS<TAB>KIND<TAB>SIGNATURE`` per log instead (CLASS ``healthy`` for a healthy log).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.failure_events import ERROR, FATAL, WARN, LogView
 from tasks.failure_signatures import (
     CHECK_NAMES,
     MAX_LINE_CHARS,
@@ -105,12 +108,15 @@ class Classification:
             ``<...>`` description when no log line decided), at most
             :data:`MAX_SIGNATURE_CHARS` chars.
         line: the decisive raw log line ("" when none).
+        phase: the startup milestone the decisive line falls in (:data:`PHASE_NAMES`: ``weights``,
+            ``graph capture``, ``ready``, ``first request``...), "" when the log shows none.
     """
 
     failure_class: str
     kind: str
     signature: str
     line: str
+    phase: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -167,51 +173,108 @@ FALLBACKS: tuple[tuple[str, Callable[[_Facts], bool], str], ...] = (
 # --------------------------------------------------------------------------------------
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _SIGQUIT = re.compile(r"Received sigquit from a child process")
-#: vLLM's API server lines ("(APIServer pid=N) ...", tests/data/vllm_logs) and its ready lines:
-#: uvicorn's, unprefixed. SGLang prints the same uvicorn lines *before* its warmup, so they
-#: mean ready only in a vLLM log; SGLang's ready line is the ``ready`` milestone of the table.
-_VLLM_LOG = re.compile(r"^\(APIServer pid=\d+\)", re.M)
-_UVICORN_READY = re.compile(r"Application startup complete|Uvicorn running on")
-_ERRORISH = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b:?|\b(?:ERROR|FATAL|fatal|Fatal)\b|\bNCCL WARN\b")
+#: Which engine wrote a log: vLLM's process tags and names, SGLang's names and progress lines.
+#: SGLang prints uvicorn's "Application startup complete" *before* its warmup, so uvicorn's
+#: lines (the ``api_up`` milestone) mean ready only in a vLLM log.
+_VLLM_LOG = re.compile(r"\((?:APIServer|EngineCore\w*|VllmWorker\w*|Worker_TP\w*|Worker)\s+pid=\d+|\bvllm\b|\bvLLM\b"
+                       r"|^(?:INFO|WARNING|ERROR|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./]+\.py:\d+\]", re.M)
+_SGLANG_LOG = re.compile(r"\bsglang\b|Load weight begin|Capture cuda graph|fired up and ready|Scheduler hit an exception")
+#: Lines our harness (or the kernel's OOM killer) appended: evidence about the node and the
+#: lifecycle, never a ready line of the engine even when they quote one.
+_HARNESS = re.compile(r"^\s*\[(?:harness|dmesg)\]")
+_NOT_READY = re.compile(r"never (?:became|got|reached) ready|not ready|startup deadline exceeded|did not become ready", re.I)
+#: Human names of the startup milestones (``milestones`` of failure_signatures.yaml).
+PHASE_NAMES = {None: "start", "dist_init": "distributed init", "dist_ready": "distributed init done",
+               "load": "weights", "loaded": "weights loaded", "compile": "torch.compile",
+               "kv_cache": "KV cache", "capture": "graph capture", "captured": "graph capture done",
+               "api_up": "API server up", "ready": "ready", "first_request": "first request"}
 
 
-def _stages(lines: list[str]) -> list[str | None]:
-    """Startup stage of each line: the last milestone at or before it."""
-    out: list[str | None] = []
-    cur: str | None = None
-    for line in lines:
-        for name, pat in MILESTONES:
-            if pat.search(line):
-                cur = name
-        out.append(cur)
-    return out
+class _Log:
+    """One log, read once: its events (:class:`tasks.failure_events.LogView`), the startup
+    stage of each line, and the text the whole-log guards search."""
 
+    def __init__(self, text: str) -> None:
+        self.view = v = LogView(text, MAX_LINE_CHARS)
+        form_stage: list[str | None] = [None] * len(v.forms)
+        for k in v.scan:  # a big log's chatter (no trigger word, not head or tail) is no milestone
+            body = v.forms[k].body
+            if not _HARNESS.match(body):
+                for name, pat in MILESTONES:
+                    if pat.search(body):
+                        form_stage[k] = name
+        stages: list[str | None] = []
+        cur: str | None = None
+        for k in v.keys:
+            if form_stage[k] is not None:
+                cur = form_stage[k]
+            stages.append(cur)
+        self.stages = stages
+        self.reached = {s for s in form_stage if s}
+        self.candidates = self._candidates()
+        #: every distinct line scanned once, in order of first appearance (what requires/unless search)
+        read = sorted(v.scan)
+        self.text = "\n".join(v.forms[k].body for k in read) + "\n" + "\n".join(v.form_lines[k] for k in read)
 
-def _match_row(row: Signature, text: str, lines: list[str], stages: list[str | None],
-               exit_code: int | None) -> str | None:
-    if row.exit_codes is not None and exit_code not in row.exit_codes:
-        return None
-    if row.requires is not None and not row.requires.search(text):
-        return None
-    if row.unless is not None and row.unless.search(text):
-        return None
-    if row.check is not None:
-        return _CHECKS[row.check](text)
-    for pat in row.patterns:
-        for i, line in enumerate(lines):
-            if not pat.search(line):
+    def _candidates(self) -> range | set[int]:
+        """The forms the rows are tried on: all of them, or in a log of more than
+        :data:`tasks.failure_events.MAX_FORMS_ALL` distinct lines (a server that logs every
+        request's prompt) the ones that rank WARN or above and the two lines after each (a
+        warning's text often continues on the next line)."""
+        v = self.view
+        if not v.big:
+            return range(len(v.forms))
+        out: set[int] = set()
+        keys, sev = v.keys, v.severity
+        for i, s in enumerate(sev):
+            if s >= WARN:
+                out.update(keys[i:i + 3])
+        return out
+
+    def row_line(self, row: Signature, exit_code: int | None) -> int | None:
+        """Index of the decisive line of ``row``: among the lines its patterns match that pass
+        its guards, the first of the highest severity; None when the row does not apply."""
+        if row.exit_codes is not None and exit_code not in row.exit_codes:
+            return None
+        if row.requires is not None and not row.requires.search(self.text):
+            return None
+        if row.unless is not None and row.unless.search(self.text):
+            return None
+        v = self.view
+        forms = v.forms
+        hit_forms = {k for k in self.candidates for pat in row.patterns
+                     if pat.search(forms[k].body) and not (row.line_unless is not None and row.line_unless.search(forms[k].body))}
+        if not hit_forms:
+            return None
+        best, best_sev = None, -1
+        for i, k in enumerate(v.keys):
+            if k not in hit_forms or _tier(v.severity[i]) <= best_sev:
                 continue
-            if row.stages is not None and stages[i] not in row.stages:
+            if row.stages is not None and self.stages[i] not in row.stages:
                 continue
-            if row.near is not None and not any(row.near.search(x) for x in lines[max(0, i - NEAR_LINES):i + 1]):
+            if row.near is not None and not self._near(row.near, i):
                 continue
-            return line
-    return None
+            if row.not_near is not None and self._near(row.not_near, i):
+                continue
+            best, best_sev = i, _tier(v.severity[i])
+        return best
+
+    def _near(self, pat: re.Pattern[str], i: int) -> bool:
+        lo = min(max(0, i - NEAR_LINES), self.view.tb_start[i])
+        return any(pat.search(self.view.body(j)) for j in range(lo, i + 1))
 
 
-def _make(failure_class: str, line: str, fallback_sig: str) -> Classification:
+def _tier(severity: int) -> int:
+    """Rank of a matched line for the choice between rows: error evidence (an exception, a CUDA
+    error, an ERROR line, an ``NCCL WARN`` line: NCCL reports its errors as WARN) or not. An
+    exception often wraps the specific line above it (``NCCL error: invalid usage`` under NCCL's
+    ``no algorithm/protocol available``), so FATAL does not outrank ERROR here."""
+    return min(severity, ERROR)
+
+
+def _make(failure_class: str, line: str, fallback_sig: str, phase: str = "") -> Classification:
     sig = normalize_line(line) if line.strip() else fallback_sig
-    return Classification(failure_class, KIND[failure_class], sig or fallback_sig, line)
+    return Classification(failure_class, KIND[failure_class], sig or fallback_sig, line, phase)
 
 
 def _last_line(lines: list[str], pat: re.Pattern[str] | None = None) -> str:
@@ -223,35 +286,57 @@ def _last_line(lines: list[str], pat: re.Pattern[str] | None = None) -> str:
 
 def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classification:
     text = log_text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
-    lines = [x[:MAX_LINE_CHARS] for x in text.split("\n")]
-    stages = _stages(lines)
-    for row in SIGNATURES:
-        if not row.patterns and row.check is None:
+    log = _Log(text)
+    v, lines, stages = log.view, log.view.lines, log.stages
+    # the decisive event: a row matching an error line (ERROR or FATAL) outranks any row
+    # matching only a warning or an info line; among those, the table's precedence decides
+    best: tuple[int, int, int, str] | None = None  # (severity, -row index, line, class)
+    for n, row in enumerate(SIGNATURES):
+        if row.check is not None:
+            if best is None and (row.exit_codes is None or exit_code in row.exit_codes):
+                line = _CHECKS[row.check](text)
+                if line is not None:
+                    return _make(row.failure_class, line, f"<{row.failure_class}>", PHASE_NAMES.get(stages[-1], ""))
             continue
-        line = _match_row(row, text, lines, stages, exit_code)
-        if line is not None:
-            return _make(row.failure_class, line, f"<{row.failure_class}>")
+        if not row.patterns:
+            continue
+        i = log.row_line(row, exit_code)
+        if i is not None and (best is None or _tier(v.severity[i]) > best[0]):
+            best = (_tier(v.severity[i]), -n, i, row.failure_class)
+    if best is not None:
+        _, _, i, cls = best
+        return _make(cls, lines[i], f"<{cls}>", PHASE_NAMES.get(stages[i], ""))
 
-    vllm_ready = bool(_VLLM_LOG.search(text)) and bool(_UVICORN_READY.search(text))
-    ready = "ready" in stages or vllm_ready
-    if phase is None and ready and exit_code in (None, 0):  # reached ready, nothing failed
-        line = next((ln for ln, st in zip(lines, stages) if st == "ready"), "") or _last_line(lines, _UVICORN_READY)
-        return Classification(HEALTHY, HEALTHY, "<healthy: reached ready, no failure signature>", line)
+    vllm_log = bool(_VLLM_LOG.search(log.text)) and not _SGLANG_LOG.search(log.text)
+    # ready: the engine's ready line, requests served, or (vLLM only) its API server up; never
+    # when our harness says the server did not become ready
+    ready = ("ready" in log.reached or "first_request" in log.reached or ("api_up" in log.reached and vllm_log)) \
+        and not any(_HARNESS.match(f.body) and _NOT_READY.search(f.body) for f in v.forms)
+    d = v.decisive()
+    decisive = lines[d] if d is not None else ""
+    fatal = d is not None and v.severity[d] == FATAL and not _HARNESS.match(v.body(d))
+    last = next((s for s in reversed(stages) if s), None)
+    where = PHASE_NAMES.get(last, "")
+    if phase is None and ready and exit_code in (None, 0) and not fatal:  # reached ready, nothing failed
+        line = next((ln for ln, st in zip(lines, stages) if st in ("ready", "first_request")), "") or \
+            next((ln for ln, st in zip(lines, stages) if st == "api_up"), "")
+        return Classification(HEALTHY, HEALTHY, "<healthy: reached ready, no failure signature>", line, where)
     if phase is None and exit_code is None:
+        if fatal:  # a log alone, ended by an error nothing names: quote the error, do not guess a timeout
+            return _make("unknown", decisive, "<no log output, exit unknown>", where)
         phase = "startup"  # still running and never ready: it failed at startup
-    facts = _Facts(exit_code, phase, bool(_SIGQUIT.search(text)), bool(_TRACEBACK.search(text)),
-                   ready, next((s for s in reversed(stages) if s), None))
+    facts = _Facts(exit_code, phase, bool(_SIGQUIT.search(log.text)), bool(_TRACEBACK.search(log.text)),
+                   ready, None if last in ("api_up", "first_request") and not ready else last)
     code = "still running" if exit_code is None else f"exit {exit_code}"
     for _why, pred, cls in FALLBACKS:
         if pred(facts):
             if cls in ("startup_timeout", "collective_hang_or_timeout") and exit_code is None:
-                progress = [ln for ln, st in zip(lines, stages) if st and st == facts.last_milestone]
-                line = _last_line(progress) or _last_line(lines)
+                progress = [ln for ln, st in zip(lines, stages) if st and st == last]
+                line = _last_line(progress) or decisive or _last_line(lines)
             else:
-                line = _last_line(lines, _ERRORISH) or _last_line(lines)
-            return _make(cls, line, f"<{cls}: no log output, {code}>")
-    line = _last_line(lines, _ERRORISH) or _last_line(lines)
-    return _make("unknown", line, f"<no log output, {code}>")
+                line = decisive or _last_line(lines)
+            return _make(cls, line, f"<{cls}: no log output, {code}>", where)
+    return _make("unknown", decisive or _last_line(lines), f"<no log output, {code}>", where)
 
 
 def classify(log_text: str, exit_code: int | None = None, phase: str | None = None) -> Classification:
@@ -323,8 +408,37 @@ def _exit_code_arg(s: str) -> int | None:
     return None if s.lower() in ("none", "null", "") else int(s)
 
 
+def _corpus_line(entry) -> str:
+    """A corpus entry's decisive line, as the tool reads it (its log and exit code, no phase)."""
+    return classify(entry.log, entry.exit_code, None).line
+
+
+def _parts_arg(s: str) -> tuple[str, ...]:
+    parts = tuple(x.strip() for x in s.split(",") if x.strip())
+    if not parts or set(parts) - {"dev", "test", "test2"}:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected corpus parts among dev, test, test2 (e.g. dev,test)")
+    return parts
+
+
+def _report(path: str, c: Classification, near: list) -> str:
+    """The human report of one log: class, kind, phase, decisive line, nearest corpus entries."""
+    out = [f"{path}", f"  class:    {c.failure_class}", f"  kind:     {c.kind}", f"  phase:    {c.phase or '-'}",
+           f"  decisive: {c.line.strip()[:MAX_SIGNATURE_CHARS] or '-'}", f"  signature: {c.signature}"]
+    if near:
+        out.append("  nearest corpus entries (tasks/failure_corpus):")
+        out += [f"    {n.id:<28} {n.expected_class:<40} {n.score:.2f}  {n.url}" for n in near]
+    else:
+        out.append("  nearest corpus entries: none alike")
+    return "\n".join(out)
+
+
 def main(argv: Iterable[str] | None = None) -> int:
-    """``python -m tasks.failures [--exit-code N] [--phase P] LOG...``; returns 0, or 2 on unreadable files."""
+    """``python -m tasks.failures [--exit-code N] [--phase P] [--tsv] LOG...``; returns 0, or 2 on unreadable files.
+
+    Prints, per log, the class, kind, phase, decisive line and the nearest entries of the
+    public corpus with their threads; ``--tsv`` prints ``PATH<TAB>CLASS<TAB>KIND<TAB>SIGNATURE``
+    instead (one line per log, for scripts).
+    """
     p = argparse.ArgumentParser(prog="python -m tasks.failures", description=__doc__.splitlines()[0])
     p.add_argument("logs", nargs="+", metavar="LOG", help="server log file(s)")
     p.add_argument("--exit-code", type=_exit_code_arg, default=None,
@@ -334,6 +448,10 @@ def main(argv: Iterable[str] | None = None) -> int:
     sp.add_argument("--speedup", type=float, default=None,
                     help="speculative trial's decode speedup over the baseline (a healthy log <= 1.0 is spec_decode_no_speedup)")
     sp.add_argument("--bench", default=None, help="bench JSON with speedup_vs_baseline (or decode_tok_s + baseline_decode_tok_s)")
+    p.add_argument("--tsv", action="store_true", help="one PATH<TAB>CLASS<TAB>KIND<TAB>SIGNATURE line per log")
+    p.add_argument("--nearest", type=int, default=3, metavar="K", help="corpus entries to show (default 3; 0 = none)")
+    p.add_argument("--corpus-parts", type=_parts_arg, default=("dev", "test"), metavar="PARTS",
+                   help="comma-separated corpus parts the nearest entries come from (default dev,test)")
     a = p.parse_args(list(argv) if argv is not None else None)
     speedup = _bench_speedup(a.bench) if a.bench else a.speedup
     rc = 0
@@ -345,7 +463,15 @@ def main(argv: Iterable[str] | None = None) -> int:
             rc = 2
             continue
         c = with_speedup(classify(text, a.exit_code, a.phase), speedup)
-        print(f"{path}\t{c.failure_class}\t{c.kind}\t{c.signature}")
+        if a.tsv:
+            print(f"{path}\t{c.failure_class}\t{c.kind}\t{c.signature}")
+            continue
+        near = []
+        if a.nearest > 0 and c.line.strip():
+            from tasks.failure_corpus import nearest
+
+            near = nearest(c.line, c.failure_class, a.nearest, a.corpus_parts, decisive=_corpus_line)
+        print(_report(path, c, near))
     return rc
 
 
