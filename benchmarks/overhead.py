@@ -64,7 +64,7 @@ def _timed_driver(spec: Any) -> Any:
     """A Driver that records per-trial submit/collect times (s, monotonic) and driver RSS."""
     import psutil
 
-    from sweeps.driver import Driver
+    from sweeps.app.driver import Driver
 
     class TimedDriver(Driver):
         def __init__(self, *a: Any, **k: Any):
@@ -89,8 +89,8 @@ def _timed_driver(spec: Any) -> Any:
 
 
 def _run(overrides: list[str]) -> tuple[Any, list[Any], float]:
-    from sweeps import records as R
-    from sweeps.config import load_spec
+    from sweeps.config.spec import load_spec
+    from sweeps.store import records
 
     spec = load_spec(compose(overrides))
     drv = _timed_driver(spec)
@@ -99,7 +99,7 @@ def _run(overrides: list[str]) -> tuple[Any, list[Any], float]:
     drv.loop()
     wall = time.monotonic() - t0
     drv.finish()
-    return drv, R.load_records(drv.study), wall
+    return drv, records.load_records(drv.study), wall
 
 
 def _stores(tmp: Path) -> list[str]:
@@ -270,7 +270,7 @@ def _report(res: dict[str, Any]) -> str:
              ">= 10 trials/s", f"{GOALS['trials_per_s'] - v:.1f} trials/s. Per trial the driver makes ~20 "
              f"Optuna storage commits (14 user attributes, params, tell), an MLflow child run (create, batch, "
              f"5 artifact copies, terminate) and a Ray round trip; SQLite commits were made ~800x cheaper "
-             f"(WAL + synchronous=NORMAL, sweeps/sqlite_tuning.py; before it and the deferral: 2.0 trials/s on 300 "
+             f"(WAL + synchronous=NORMAL, sweeps/store/sqlite.py; before it and the deferral: 2.0 trials/s on 300 "
              f"trials, same machine) and the "
              f"MLflow/findings work is deferred until freed slots are refilled. The per-100 windows do not "
              f"trend down with n, so the O(n) reload of all records per flush is not the limit at 2,000 "

@@ -1,11 +1,11 @@
-"""``python -m tasks.bench --url URL ...``: benchmark any running SGLang-compatible (``/generate``)
+"""``python -m tasks.backends.sglang.client --url URL ...``: benchmark any running SGLang-compatible (``/generate``)
 or OpenAI-compatible (``/v1/completions``) server with a workload and print JSON.
 
 Examples::
 
-    python -m tasks.bench --url http://127.0.0.1:30000 --concurrency 16 --num-requests 64 \\
+    python -m tasks.backends.sglang.client --url http://127.0.0.1:30000 --concurrency 16 --num-requests 64 \\
         --input-len 512 --output-len 128
-    python -m tasks.bench --url http://127.0.0.1:8000 --api openai --workload conf/bench/chat_goodput.yaml \\
+    python -m tasks.backends.sglang.client --url http://127.0.0.1:8000 --api openai --workload conf/bench/chat_goodput.yaml \\
         --load-search
 
 The output: ``{"metrics": {...}, "levels": [...]}`` (:func:`tasks.serving_metrics.summarize`'s
@@ -32,7 +32,7 @@ from tasks.workloads import parse_workload
 
 def parser() -> argparse.ArgumentParser:
     """The command's arguments."""
-    p = argparse.ArgumentParser(prog="python -m tasks.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tasks.backends.sglang.client", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
     p.add_argument("--api", choices=["sglang", "openai"], default="sglang")
     p.add_argument("--workload", type=Path, help="a conf/bench/*.yaml with a `workload:` (or a bare workload)")
@@ -117,3 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     out["bench"] = _finite(dataclasses.asdict(bench))
     print(json.dumps(_finite(out), indent=1))
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

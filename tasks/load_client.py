@@ -8,19 +8,19 @@
   whether or not earlier ones finished (serving.py:1092-1129 ``get_request``).
 * Bounded in count (``workload.num_requests``) and time (``deadline_s``: requests not sent by
   then are not sent; in-flight ones are cancelled and count as failed).
-* APIs: SGLang's native streaming ``/generate`` (token-id prompts; new tokens per chunk =
-  differences of ``meta_info.completion_tokens``, serving.py:790-791) and OpenAI's streaming
-  ``/v1/completions`` (token-id prompts, ``return_token_ids`` so a chunk's tokens are counted,
-  as vLLM returns them; a chunk without ids counts 1 token per non-empty text).
+* APIs: the one benchmark client's adapters (:mod:`tasks.bench_client`): SGLang's native
+  streaming ``/generate`` (:class:`tasks.backends.sglang.client.GenerateProtocol`) and OpenAI's
+  streaming ``/v1/completions`` (:class:`tasks.openai_bench.CompletionsProtocol`: token ids per
+  chunk, or the chunk texts retokenized with the model's tokenizer when the server sends none).
 
-ITL is per token for both APIs (:meth:`tasks.serving_metrics.RequestRecord.itls_s`).
-Async (aiohttp): one event loop sends every request, so open-loop arrivals keep their times.
+ITL is reported both per token (``itl_ms_*``) and per chunk (``itl_chunk_ms_*``), see
+:func:`tasks.serving_metrics.summarize`. Async (aiohttp): one event loop sends every request,
+so open-loop arrivals keep their times.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,12 +28,15 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 
+from tasks.backends.sglang.client import GenerateProtocol
+from tasks.bench_client import BenchError, StreamProtocol, stream_request
+from tasks.openai_bench import CompletionsProtocol
 from tasks.serving_metrics import RequestRecord, summarize
 from tasks.workloads import PlannedRequest, Workload, build_requests
 
 Api = Literal["sglang", "openai"]
 #: token-id range of prompts: /generate (SGLang models' vocab) and OpenAI (byte-level ids above the
-#: specials; the tiny test model's vocab is 512), as tasks.bench / tasks.openai_bench use
+#: specials; the tiny test model's vocab is 512), as tasks.backends.sglang.client / tasks.openai_bench use
 PROMPT_IDS = {"sglang": (1000, 30000), "openai": (3, 259)}
 
 
@@ -53,75 +56,26 @@ def prompt_ids(api: Api, n: int, seed: int, index: int) -> list[int]:
     return np.random.default_rng((seed, index + 2**20)).integers(lo, hi, size=n).tolist()
 
 
-def _body(t: Target, ids: list[int], max_tokens: int) -> tuple[str, dict[str, Any]]:
+def protocol_for(t: Target) -> StreamProtocol:
+    """The wire protocol's adapter of :mod:`tasks.bench_client` for ``t`` (``/metrics`` is not read)."""
     if t.api == "sglang":
-        return "/generate", {"input_ids": ids, "stream": True, "sampling_params": {
-            "max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}}
-    return "/v1/completions", {"model": t.model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
-                               "ignore_eos": True, "stream": True, "return_token_ids": True}
-
-
-def _chunk_tokens(api: Api, chunk: dict[str, Any], seen: int) -> tuple[int, int]:
-    """(new tokens in this chunk, running total) for one streamed JSON chunk."""
-    if api == "sglang":
-        total = int((chunk.get("meta_info") or {}).get("completion_tokens", seen))
-        return max(0, total - seen), max(total, seen)
-    n = 0
-    for choice in chunk.get("choices") or []:
-        ids = choice.get("token_ids")
-        n += len(ids) if ids else (1 if choice.get("text") else 0)
-    return n, seen + n
+        return GenerateProtocol()
+    return CompletionsProtocol(model=t.model, spec_metrics=False)
 
 
 async def send_one(session: aiohttp.ClientSession, t: Target, req: PlannedRequest, ids: list[int],
-                   timeout_s: float) -> RequestRecord:
-    """Send one streaming request; a failure is a record with ``ok=False`` and its error."""
-    path, body = _body(t, ids, req.output_len)
-    times: list[float] = []
-    news: list[int] = []
-    seen = 0
+                   timeout_s: float, protocol: StreamProtocol | None = None) -> RequestRecord:
+    """Send one streaming request (:func:`tasks.bench_client.stream_request`); a failure is a
+    record with ``ok=False`` and its error (``<kind>: <message>``)."""
+    protocol = protocol or protocol_for(t)
     send = time.perf_counter()
     try:
-        async with session.post(t.base_url + path, json=body,
-                                timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s)) as r:
-            if r.status != 200:
-                text = (await r.text())[:200]
-                return RequestRecord(send, [], [], req.prompt_len, ok=False, error=f"HTTP {r.status}: {text}")
-            async for raw in r.content:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                chunk = json.loads(payload)
-                if "error" in chunk:
-                    raise ValueError(f"stream error: {str(chunk['error'])[:200]}")
-                n, seen = _chunk_tokens(t.api, chunk, seen)
-                if n > 0:
-                    times.append(time.perf_counter())
-                    news.append(n)
-    except (TimeoutError, aiohttp.ClientError, ValueError) as e:
-        return RequestRecord(send, times, news, req.prompt_len, ok=False, error=f"{type(e).__name__}: {e}"[:300])
-    end = time.perf_counter()
-    if seen < req.output_len or not times:
-        return RequestRecord(send, times, news, req.prompt_len, ok=False,
-                             error=f"short: {seen} of {req.output_len} tokens")
-    return RequestRecord(send, times, news, req.prompt_len, output_len=seen, end_s=end)
-
-
-async def served_model(session: aiohttp.ClientSession, base_url: str) -> str:
-    """The first model id of ``GET /v1/models``.
-
-    Raises:
-        RuntimeError: no answer or no model listed.
-    """
-    async with session.get(base_url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
-        data = await r.json() if r.status == 200 else {}
-    models = data.get("data") or []
-    if not models:
-        raise RuntimeError(f"{base_url}/v1/models lists no model (HTTP {r.status})")
-    return str(models[0]["id"])
+        rec = await stream_request(session, t.base_url, protocol, ids, req.output_len, timeout_s)
+    except BenchError as e:
+        return RequestRecord(send, [], [], req.prompt_len, ok=False, error=f"{e.kind}: {e}"[:300])
+    except ValueError as e:  # a message that is not JSON
+        return RequestRecord(send, [], [], req.prompt_len, ok=False, error=f"{type(e).__name__}: {e}"[:300])
+    return rec.to_serving(req.prompt_len)
 
 
 async def run_plan(t: Target, plan: tuple[PlannedRequest, ...], max_concurrency: int | None, *, seed: int = 0,
@@ -131,17 +85,20 @@ async def run_plan(t: Target, plan: tuple[PlannedRequest, ...], max_concurrency:
     prompts = [prompt_ids(t.api, r.prompt_len, seed, i) for i, r in enumerate(plan)]
     limit = max(100, 2 * (max_concurrency or len(plan)))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit)) as session:
-        if t.api == "openai" and t.model is None:
-            t = Target(t.base_url, t.api, await served_model(session, t.base_url))
+        protocol = protocol_for(t)
+        try:
+            await protocol.prepare(session, t.base_url)
+        except BenchError as e:
+            raise RuntimeError(f"{t.base_url}/v1/models: {e}") from None
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         t0 = time.perf_counter()
         stop = t0 + deadline_s if deadline_s else None
 
         async def one(i: int, req: PlannedRequest) -> RequestRecord:
             if sem is None:
-                return await send_one(session, t, req, prompts[i], request_timeout_s)
+                return await send_one(session, t, req, prompts[i], request_timeout_s, protocol)
             async with sem:
-                return await send_one(session, t, req, prompts[i], request_timeout_s)
+                return await send_one(session, t, req, prompts[i], request_timeout_s, protocol)
 
         tasks: list[asyncio.Task] = []
         for i, req in enumerate(plan):

@@ -9,10 +9,12 @@ Search (at most ``max_levels`` levels, stop when the bracket is within ``rel_tol
 
 1. The first level is the incumbent's rate when there is one, else the geometric middle of
    ``[rate_lo, rate_hi]``. A candidate that fails at the incumbent's rate cannot beat it:
-   it stops there (``stopped_at_incumbent``), reporting the highest rate it met (0: none).
-2. Then the opposite end of the range (``rate_hi`` after a pass, ``rate_lo`` after a
-   failure) brackets the knee; passing at ``rate_hi`` reports it (``capped``: the true
-   value is at least that), failing at ``rate_lo`` reports 0.
+   it stops there (``stopped_at_incumbent``); its value is censored, ``< incumbent``.
+2. Then the knee is bracketed: after a failure without an incumbent, ``rate_lo`` (failing
+   there: censored ``< rate_lo``); after a pass, the rate doubles (``rate_hi`` at most)
+   until a level fails, since a candidate that beat the incumbent usually sits within a
+   factor of a few of it. Passing at ``rate_hi`` reports it (``capped``: the true value is
+   at least that).
 3. Inside the bracket (highest met, lowest failed rate), each level is placed at a
    predicted knee, nudged by half the tolerance away from the side that moved last so the
    next level can close the bracket from the other side (the nudge doubles when the same
@@ -22,7 +24,15 @@ Search (at most ``max_levels`` levels, stop when the bracket is within ``rel_tol
    an end that stayed put is down-weighted) when that level was not saturated; else the
    queueing shape through the highest met level and the capacity a saturated level served
    (``request_throughput_req_s`` well below the offered rate). Never at or above that
-   capacity; a log midpoint when nothing predicts (e.g. flat below a kink).
+   capacity; a log midpoint when nothing predicts (e.g. flat below a kink). vLLM's
+   ``serve_sla`` fits a curve the same way; the fits here are the queueing shapes above.
+
+A result whose bracket did not close to ``rel_tol`` (the level budget ran out, nothing met,
+or the incumbent's rate failed) is **censored**: :meth:`LoadSearchResult.metrics` then logs
+no ``max_rate_at_slo_req_s`` (a 0.0 there would read as a measured zero) but its bounds,
+``max_rate_at_slo_req_s_upper`` (the lowest failed rate: the value is below it),
+``max_rate_at_slo_req_s_lower`` (the highest met rate, when one met) and
+``max_rate_at_slo_req_s_censored`` = 1; :func:`censored_text` words it (``< 2.65 req/s``).
 
 Measured on synthetic curves (25 capacities from 0.5 to 40 req/s; ranges 0.1..100,
 0.25..64 and 0.5..50 req/s): queueing-shaped p99s (``1 / (1 - rho)``) always end within 5 %
@@ -38,8 +48,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 Metrics = Mapping[str, float]
+
+#: the objective this search measures (req/s); a censored result logs ``<RATE>_upper`` etc. instead
+RATE = "max_rate_at_slo_req_s"
+#: suffixes of a censored value's bounds and flag (``max_rate_at_slo_req_s_upper``, ...)
+UPPER, LOWER, CENSORED = "_upper", "_lower", "_censored"
+#: what the search logs beside the shown level's metrics (every name :meth:`LoadSearchResult.metrics` can add)
+RESULT_KEYS = frozenset({RATE, RATE + UPPER, RATE + LOWER, RATE + CENSORED, "max_rate_at_slo_bracket_rel",
+                         "slo_failed_at_req_s", "load_levels", "load_search_converged"})
 
 
 @dataclass(frozen=True)
@@ -90,6 +109,7 @@ class LoadSearchResult:
         levels: every level in the order measured.
         stopped_at_incumbent: failed at the incumbent's rate, so the search stopped.
         capped: met at ``rate_hi`` (the true maximum may be higher).
+        rel_tol: the relative bracket the search aimed for (what :attr:`censored` compares to).
     """
 
     max_rate_at_slo_req_s: float
@@ -97,30 +117,80 @@ class LoadSearchResult:
     levels: tuple[LoadLevel, ...] = field(default_factory=tuple)
     stopped_at_incumbent: bool = False
     capped: bool = False
+    rel_tol: float = 0.05
 
-    def converged(self, rel_tol: float = 0.05) -> bool:
-        """The knee is bracketed within ``rel_tol`` (or pinned to a bound)."""
+    def converged(self, rel_tol: float | None = None) -> bool:
+        """The knee is bracketed within ``rel_tol`` (default: the search's) or pinned to ``rate_hi``."""
+        tol = self.rel_tol if rel_tol is None else rel_tol
         if self.capped or self.failed_at_req_s is None:
             return self.capped
         if self.max_rate_at_slo_req_s <= 0:
             return False
-        return self.failed_at_req_s <= self.max_rate_at_slo_req_s * (1 + rel_tol)
+        return self.failed_at_req_s <= self.max_rate_at_slo_req_s * (1 + tol) * (1 + 1e-9)
+
+    @property
+    def censored(self) -> bool:
+        """Only bounds are known: the bracket did not close to :attr:`rel_tol` (nothing met,
+        the incumbent's rate failed, or the level budget ran out)."""
+        return not self.converged()
+
+    @property
+    def bracket_rel(self) -> float | None:
+        """Relative width of the final bracket, ``failed / met - 1`` (None without both ends)."""
+        lo, hi = self.max_rate_at_slo_req_s, self.failed_at_req_s
+        return hi / lo - 1.0 if lo > 0 and hi is not None else None
 
     def metrics(self) -> dict[str, float]:
-        """What a trial logs: ``max_rate_at_slo_req_s``, ``slo_failed_at_req_s`` (0: none
-        failed), ``load_levels``, ``load_search_converged`` (1/0), and the metrics of the
-        highest level that met the SLO (or of the lowest level measured when none did), e.g.
-        ``ttft_ms_p99``, ``tpot_ms_p99``, ``goodput_req_s``."""
+        """What a trial logs: the metrics of the highest level that met the SLO (or of the
+        lowest level measured when none did), e.g. ``ttft_ms_p99``, ``tpot_ms_p99``,
+        ``goodput_req_s``; ``load_levels``; ``load_search_converged`` (1/0);
+        ``slo_failed_at_req_s`` (when a level failed above the highest met one);
+        ``max_rate_at_slo_bracket_rel`` (:attr:`bracket_rel`, when there is a bracket); and
+        either ``max_rate_at_slo_req_s`` (narrowed or capped) or, censored, its bounds
+        ``max_rate_at_slo_req_s_upper`` / ``_lower`` (the latter when a level met) and
+        ``max_rate_at_slo_req_s_censored`` = 1 (never a 0.0 that was not measured)."""
         met = [lv for lv in self.levels if lv.met]
         shown = max(met, key=lambda lv: lv.rate_req_s) if met else min(self.levels, key=lambda lv: lv.rate_req_s)
-        return {**{k: float(v) for k, v in shown.metrics.items()},
-                "max_rate_at_slo_req_s": self.max_rate_at_slo_req_s,
-                "slo_failed_at_req_s": self.failed_at_req_s or 0.0,
-                "load_levels": float(len(self.levels)), "load_search_converged": float(self.converged())}
+        out = {**{k: float(v) for k, v in shown.metrics.items()},
+               "load_levels": float(len(self.levels)), "load_search_converged": float(self.converged())}
+        if self.failed_at_req_s is not None:
+            out["slo_failed_at_req_s"] = self.failed_at_req_s
+        if self.bracket_rel is not None:
+            out["max_rate_at_slo_bracket_rel"] = self.bracket_rel
+        if not self.censored:
+            out[RATE] = self.max_rate_at_slo_req_s
+            return out
+        out[RATE + UPPER] = float(self.failed_at_req_s)  # type: ignore[arg-type]  # censored => a level failed
+        if self.max_rate_at_slo_req_s > 0:
+            out[RATE + LOWER] = self.max_rate_at_slo_req_s
+        out[RATE + CENSORED] = 1.0
+        return out
 
     def curve(self) -> list[tuple[float, Metrics]]:
         """(rate, metrics) of every level, by rate: the throughput–latency curve."""
         return [(lv.rate_req_s, lv.metrics) for lv in sorted(self.levels, key=lambda lv: lv.rate_req_s)]
+
+
+def censored_text(metrics: Mapping[str, Any], name: str = RATE, unit: str = "req/s") -> str | None:
+    """How a censored value reads (``< 2.65 req/s``; ``2.00-4.32 req/s, not narrowed`` when a
+    level met below the bracket), or None when ``metrics`` hold no censored ``name``."""
+    try:
+        if not float(metrics.get(name + CENSORED) or 0.0):
+            return None
+        hi = float(metrics[name + UPPER])
+    except (KeyError, TypeError, ValueError):
+        return None
+    lo = metrics.get(name + LOWER)
+    if lo:
+        return f"{float(lo):.2f}-{hi:.2f} {unit}, not narrowed"
+    return f"< {hi:.2f} {unit}"
+
+
+def censored_upper(metrics: Mapping[str, Any], name: str = RATE) -> float | None:
+    """The upper bound of a censored ``name`` in ``metrics`` (None: not censored)."""
+    if censored_text(metrics, name) is None:
+        return None
+    return float(metrics[name + UPPER])
 
 
 def _queue_root(p0: tuple[float, float], p1: tuple[float, float]) -> float | None:
@@ -268,7 +338,7 @@ def max_rate_at_slo(
     def result(**kw: bool) -> LoadSearchResult:
         best = max((lv.rate_req_s for lv in levels if lv.met), default=0.0)
         above = [lv.rate_req_s for lv in levels if not lv.met and lv.rate_req_s > best]
-        return LoadSearchResult(best, min(above) if above else None, tuple(levels), **kw)
+        return LoadSearchResult(best, min(above) if above else None, tuple(levels), rel_tol=rel_tol, **kw)
 
     first = (lo_x + hi_x) / 2 if incumbent_rate is None else min(max(math.log(incumbent_rate), lo_x), hi_x)
     if not run(first):
@@ -276,8 +346,21 @@ def max_rate_at_slo(
             return result(stopped_at_incumbent=True)
         if first <= lo_x or not run(lo_x):
             return result()
-    elif first >= hi_x or run(hi_x):
-        return result(capped=True)
+    elif incumbent_rate is None:
+        if first >= hi_x or run(hi_x):
+            return result(capped=True)
+    else:
+        # passed at the incumbent: double until a level fails (a rival of the incumbent sits
+        # near it; rate_hi is usually far above and would waste levels bisecting down)
+        x = first
+        while True:
+            if x >= hi_x:
+                return result(capped=True)
+            if len(levels) >= max_levels:
+                return result()
+            x = min(x + math.log(2.0), hi_x)
+            if not run(x):
+                break
     while len(levels) < max_levels:
         bracket = _bracket(levels)
         if bracket is None or bracket[1] <= bracket[0] * (1 + rel_tol):

@@ -12,6 +12,11 @@ parallelism, allreduce / NCCL / EP / speculative / CUDA-graph flags, but
 :func:`probe_argv` renders the probe argv, :func:`parse_probe` reads one back (for the
 emulator's pricing), :func:`probe_classes` says which failure classes a probe can reveal
 (``conf/probe_classes.yaml``): only those make a failed probe a dead end.
+
+What differs between engines (the override flag, how the speculative method reads from an
+argv, whether an EAGLE-3 target can be cut) is the backend's
+:class:`tasks.backends.base.ProbeSupport` (``Backend.probe``); ``engine`` arguments take it,
+or a backend kind whose backend has one.
 """
 
 from __future__ import annotations
@@ -22,17 +27,46 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import yaml
 
+if TYPE_CHECKING:
+    from tasks.backends.base import ProbeSupport
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROBE_CLASSES_YAML = REPO_ROOT / "conf" / "probe_classes.yaml"
-ENGINES = ("sglang", "vllm")
-#: The override flag and the load-format value per engine (both parsers accept them: tests).
-OVERRIDE_FLAG = {"sglang": "--json-model-override-args", "vllm": "--hf-overrides"}
-LOAD_FORMAT_FLAG = "--load-format"
+#: the load-format value of a probe (both engines' parsers accept it: tests)
 DUMMY = "dummy"
+#: a backend kind whose backend can probe, or its :class:`tasks.backends.base.ProbeSupport`
+Engine = Union[str, "ProbeSupport"]
+
+
+def probing_backends() -> dict[str, ProbeSupport]:
+    """Backend kind -> its :class:`tasks.backends.base.ProbeSupport`, for every backend that can probe."""
+    from tasks.backends import available_backends, get_backend
+
+    out = {}
+    for kind in available_backends():
+        support = get_backend(kind).probe
+        if support is not None:
+            out[kind] = support
+    return out
+
+
+def probe_support(engine: Engine) -> ProbeSupport:
+    """``engine`` as a :class:`tasks.backends.base.ProbeSupport` (a kind names its backend's).
+
+    Raises:
+        ValueError: ``engine`` is a kind whose backend cannot probe, or no backend kind
+            (names the kinds that can).
+    """
+    if not isinstance(engine, str):
+        return engine
+    supported = probing_backends()
+    if engine not in supported:
+        raise ValueError(f"engine: {engine!r} is not one of {sorted(supported)} (the backends that can probe)")
+    return supported[engine]
 #: Fewest target layers at which EAGLE-3's default captures [2, L//2, L-3] are in range and in
 #: the increasing order a real model has: L = 4..6 repeat a layer ([2, 3, 3] at 6), L = 7 gives
 #: [2, 3, 4]. (L = 3 gives [2, 1, 0]: three captures, but reversed; not relied on.)
@@ -149,7 +183,7 @@ def model_geometry(model_cfg: Mapping[str, Any]) -> ModelGeometry:
                          tuple(int(i) for i in ids) if ids else None)
 
 
-def probe_layers(model_cfg: Mapping[str, Any], params: Mapping[str, Any], engine: str = "sglang") -> int:
+def probe_layers(model_cfg: Mapping[str, Any], params: Mapping[str, Any], engine: Engine | None = None) -> int:
     """The fewest target layers a probe of ``params`` needs (== the full count when it cannot cut).
 
     Reasoning (sources read in the SGLang 0.5.23 and vLLM 0.32.0 wheels; GitHub paths):
@@ -184,17 +218,18 @@ def probe_layers(model_cfg: Mapping[str, Any], params: Mapping[str, Any], engine
     Args:
         model_cfg: conf/model dict (``emulator.num_layers``, ``num_moe_layers``, optional ``probe:``).
         params: the trial's knob values (``speculative`` = ``eagle3`` turns rule 2 on).
-        engine: ``sglang`` | ``vllm``.
+        engine: the backend's :class:`~tasks.backends.base.ProbeSupport` or kind (``sglang``,
+            ``vllm``, ...); None: an engine not known to cut an EAGLE-3 target (rule 3 keeps
+            every layer, the safe answer).
 
     Raises:
         ValueError: unknown engine or a model without ``emulator.num_layers``.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"engine: {engine!r} is not one of {list(ENGINES)}")
+    cuts_eagle3 = engine is not None and probe_support(engine).cuts_eagle3_target
     g = model_geometry(model_cfg)
     need = g.first_k_dense + 1 if g.moe else 1
     if str(params.get("speculative", "none")).lower() in ("eagle3", "eagle"):
-        if engine == "sglang":
+        if not cuts_eagle3:
             return g.num_layers
         need = max(need, EAGLE3_MIN_LAYERS)
         if g.draft_aux_layer_ids:
@@ -238,12 +273,11 @@ def _nested(path: str, value: int) -> dict:
     return out
 
 
-def _argv_params(argv: Sequence[str], engine: str) -> dict[str, str]:
+def _argv_params(argv: Sequence[str], support: ProbeSupport) -> dict[str, str]:
     """The knob values probe_layers needs, read from a launch argv (speculative only)."""
-    if engine == "sglang":
-        hit = _find(argv, "--speculative-algorithm")
+    hit = _find(argv, support.speculative_flag)
+    if not support.speculative_json:
         return {"speculative": hit[2].lower()} if hit else {}
-    hit = _find(argv, "--speculative-config")
     if not hit:
         return {}
     try:
@@ -253,7 +287,7 @@ def _argv_params(argv: Sequence[str], engine: str) -> dict[str, str]:
     return {"speculative": "eagle3" if "eagle" in method.lower() else method}
 
 
-def probe_argv(argv: Sequence[str], engine: str, model_cfg: Mapping[str, Any],
+def probe_argv(argv: Sequence[str], engine: Engine, model_cfg: Mapping[str, Any],
                params: Mapping[str, Any] | None = None) -> list[str]:
     """The probe launch for a full launch ``argv`` (launcher prefix and node flags kept).
 
@@ -264,21 +298,21 @@ def probe_argv(argv: Sequence[str], engine: str, model_cfg: Mapping[str, Any],
 
     Args:
         argv: the full launch argv (list of str).
-        engine: ``sglang`` | ``vllm``.
+        engine: the backend's :class:`~tasks.backends.base.ProbeSupport`, or a kind whose
+            backend has one (``sglang``, ``vllm``, ...).
         model_cfg: conf/model dict (see :func:`probe_layers`).
         params: knob values; default: read ``speculative`` from argv.
 
     Raises:
         ValueError: unknown engine, or an existing override flag whose value is not a JSON object.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"engine: {engine!r} is not one of {list(ENGINES)}")
-    out = _set_flag([str(a) for a in argv], LOAD_FORMAT_FLAG, DUMMY)
+    support = probe_support(engine)
+    out = _set_flag([str(a) for a in argv], support.load_format_flag, DUMMY)
     g = model_geometry(model_cfg)
-    n = probe_layers(model_cfg, _argv_params(out, engine) if params is None else params, engine)
+    n = probe_layers(model_cfg, _argv_params(out, support) if params is None else params, support)
     if n >= g.num_layers:
         return out
-    flag = OVERRIDE_FLAG[engine]
+    flag = support.override_flag
     hit = _find(out, flag)
     try:
         current = json.loads(hit[2]) if hit else {}
@@ -314,16 +348,19 @@ def _layers_in(obj: Any) -> int | None:
     return None
 
 
-def parse_probe(argv: Sequence[str], engine: str = "sglang") -> ProbeLaunch | None:
+def parse_probe(argv: Sequence[str], engine: Engine | None = None) -> ProbeLaunch | None:
     """Read a probe launch back: None unless ``--load-format dummy`` is set.
 
     For the emulator's pricing: a probe loads no weights and captures graphs for
-    ``num_layers`` layers (None = the model's full count).
+    ``num_layers`` layers (None = the model's full count). ``engine`` (a
+    :class:`~tasks.backends.base.ProbeSupport` or kind) names the override flag to read;
+    None reads the first override flag of any backend that can probe.
     """
-    hit = _find(argv, LOAD_FORMAT_FLAG)
+    supports = [probe_support(engine)] if engine is not None else list(probing_backends().values())
+    hit = _find(argv, supports[0].load_format_flag) if supports else None
     if not hit or hit[2] != DUMMY:
         return None
-    over = _find(argv, OVERRIDE_FLAG.get(engine, OVERRIDE_FLAG["sglang"]))
+    over = next((h for h in (_find(argv, s.override_flag) for s in supports) if h is not None), None)
     try:
         layers = _layers_in(json.loads(over[2])) if over else None
     except ValueError:

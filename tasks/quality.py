@@ -26,7 +26,7 @@ UNSTABLE = "unstable"
 
 def quality_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """``itl_ms_max`` and (>= 2 requests) ``decode_tok_s_cv`` of measured request records
-    (``chunk_times`` in s, ``decode_tok_s`` in tok/s, as :meth:`tasks.bench.RequestRecord.to_dict`)."""
+    (``chunk_times`` in s, ``decode_tok_s`` in tok/s, as :meth:`tasks.backends.sglang.client.RequestRecord.to_dict`)."""
     gaps = [b - a for r in records for a, b in zip(r.get("chunk_times") or [], (r.get("chunk_times") or [])[1:])]
     out: dict[str, float] = {}
     if gaps:

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-#: the generation request per engine HTTP API: path and body (1 token, greedy)
-_REQUESTS = {
-    "sglang": ("/generate", {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}),
-    "vllm": ("/v1/completions", {"prompt": [1, 2, 3, 4], "max_tokens": 1, "temperature": 0.0}),
-}
+#: a generation request ``(path, JSON body)`` (a backend's ``Backend.ready_request``), or None
+Request = tuple[str, Mapping[str, Any]] | None
 
 
 class NotServing(RuntimeError):
@@ -35,21 +34,22 @@ def _transient(e: BaseException) -> bool:
     return isinstance(e, httpx.TransportError)
 
 
-def first_generation(base_url: str, engine: str, deadline_s: float, request_timeout_s: float = 30.0) -> float:
+def first_generation(base_url: str, engine: Request, deadline_s: float, request_timeout_s: float = 30.0) -> float:
     """Serve one real 1-token generation, retrying 5xx / connection errors with backoff
     (0.1 s doubling to 2 s) until ``deadline_s`` seconds have passed.
 
     Args:
-        engine: ``sglang`` (native ``/generate``) or ``vllm`` (``/v1/completions``); any
-            other engine is ready once healthy (returns 0.0).
+        engine: the backend's ``ready_request``: ``(path, body)`` of a 1-token greedy generation
+            (e.g. SGLang's native ``/generate``, vLLM's ``/v1/completions``); None: ready once
+            healthy (returns 0.0).
     Returns:
         the seconds it took (the trial's ``warmup_s``).
     Raises:
         NotServing: still failing (5xx, connection errors) at the deadline.
     """
-    if engine not in _REQUESTS:
+    if engine is None:
         return 0.0
-    path, body = _REQUESTS[engine]
+    path, body = engine
     t0 = time.monotonic()
     with httpx.Client() as client:
         def once() -> None:
@@ -78,7 +78,7 @@ def is_http_5xx(e: BaseException) -> bool:
     return getattr(e, "kind", None) == "http" and re.search(r"\bHTTP 5\d\d\b", str(e)) is not None
 
 
-def ensure_serving(base_url: str, engine: str, deadline_s: float) -> float:
+def ensure_serving(base_url: str, engine: Request, deadline_s: float) -> float:
     """:func:`first_generation` for the lifecycle: the warm-up seconds, or a startup failure.
 
     Raises:

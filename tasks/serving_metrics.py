@@ -12,9 +12,17 @@ Source: ``sglang/benchmark/serving.py`` and ``sglang/benchmark/goodput.py`` of S
 * ITL per token: a later chunk carrying n new tokens after a gap g adds g / n, n times
   (``adjust_itl``, serving.py:790-797); the first chunk adds none, whatever it carries; a
   chunk with no new tokens adds none and does not restart the gap (the ``continue`` at
-  serving.py:793 skips the timestamp update). SGLang's OpenAI-completions client appends the
-  raw chunk gap instead (serving.py:378-380); we always count each chunk's tokens, so every
-  backend gets the per-token definition (vLLM can return token ids per chunk).
+  serving.py:793 skips the timestamp update). SGLang's OpenAI-completions client
+  (``sglang-oai``) records the raw chunk gap (serving.py:378-381) and ``calculate_metrics`` then
+  splits each gap over the chunk's text retokenized (``itl / num_tokens``, ``num_tokens`` times,
+  serving.py:1173-1181) whenever the server reports an acceptance length (serving.py:1153-1157,
+  read from ``/server_info``'s ``avg_spec_accept_length`` for a backend named ``sglang*``,
+  serving.py:1642-1662), and keeps the raw gaps otherwise. We always count each chunk's tokens,
+  so every backend gets the per-token definition (vLLM can return token ids per chunk).
+* ITL per chunk (``itl_chunk_ms_*``), vLLM 0.32's definition: every chunk after the first adds
+  its raw gap to the previous one (``vllm/benchmarks/lib/endpoint_request_func.py:267-270``,
+  pooled at ``vllm/benchmarks/serve.py:632``), here over the chunks that carry output tokens.
+  Equal to the per-token ITL when each chunk carries one token.
 * Throughputs divide by the benchmark's wall duration ``dur_s`` (serving.py:1551, 1665):
   completed / dur, sum of successful prompt_len / dur, sum of successful output_len / dur
   (serving.py:1272-1277; a failed request counts 0 output tokens, serving.py:1190).
@@ -122,6 +130,14 @@ class RequestRecord:
         return np.repeat(np.diff(t) / n[1:], n[1:])
 
 
+    def chunk_itls_s(self) -> np.ndarray:
+        """Per-chunk inter-token latencies (s): gaps between successive chunks carrying output
+        tokens (vLLM's ITL, endpoint_request_func.py:267-270)."""
+        t = np.asarray(self.chunk_times_s, dtype=float)
+        n = np.asarray(self.chunk_tokens, dtype=np.int64)
+        return np.diff(t[n > 0]) if len(t) else np.empty(0)
+
+
 def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
     """SGLang's ``np.percentile(values or 0, q)`` (serving.py:1283): ``q`` in percent, 0 for no
     values, NumPy's default linear method -- the project's one quantile, :func:`tasks.stats.percentile`."""
@@ -214,7 +230,8 @@ def summarize(
 
     Keys: ``completed``, ``failed``, ``duration_s``, ``request_throughput_req_s``,
     ``input_throughput_tok_s``, ``output_throughput_tok_s``, ``total_throughput_tok_s``,
-    ``{ttft,tpot,itl,e2e_latency}_ms_{mean,p50,p90,p99}``, and with ``slos_ms`` also
+    ``{ttft,tpot,itl,itl_chunk,e2e_latency}_ms_{mean,p50,p90,p99}`` (``itl``: per token,
+    ``itl_chunk``: per chunk, see the module docstring), and with ``slos_ms`` also
     ``goodput_req_s``, ``slo_attainment`` and ``slo_attainment_<metric>``.
 
     Args:
@@ -235,6 +252,7 @@ def summarize(
     n_out = sum(r.n_output for r in done)
     tpots = [t for t in (r.tpot_s for r in done) if t is not None]
     itls = np.concatenate([r.itls_s() for r in done]) if done else np.empty(0)
+    chunk_itls = np.concatenate([r.chunk_itls_s() for r in done]) if done else np.empty(0)
     out: dict[str, float] = {
         "completed": float(len(done)),
         "failed": float(len(records) - len(done)),
@@ -247,6 +265,7 @@ def summarize(
     out |= _stats_ms("ttft", [r.ttft_s for r in done])
     out |= _stats_ms("tpot", tpots)
     out |= _stats_ms("itl", itls)
+    out |= _stats_ms("itl_chunk", chunk_itls)
     out |= _stats_ms("e2e_latency", [r.e2e_s for r in done])
     if slos_ms:
         g = goodput(records, slos_ms, dur)

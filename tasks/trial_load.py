@@ -5,8 +5,8 @@ benchmark, reusing the running server for every level:
 
 * ``load_search``: :func:`tasks.load_search.max_rate_at_slo` with a ``measure(rate)`` closure
   that offers ``bench.workload`` at that rate (:func:`tasks.load_client.run_level`); the trial
-  gets :meth:`tasks.load_search.LoadSearchResult.metrics` (``max_rate_at_slo_req_s``,
-  ``goodput_req_s``, ``ttft_ms_p99``, ``tpot_ms_p99``, ``slo_failed_at_req_s``,
+  gets :meth:`tasks.load_search.LoadSearchResult.metrics` (``max_rate_at_slo_req_s``, or its
+  censored bounds, ``goodput_req_s``, ``ttft_ms_p99``, ``tpot_ms_p99``, ``slo_failed_at_req_s``,
   ``load_levels``, ...), and the curve (every level's rate and metrics) goes to the artifact.
 * ``concurrency_levels``: the workload closed-loop at each level, metrics keyed
   ``<metric>_c<N>`` (``output_tok_s_c16``, ``tpot_ms_p50_c16``, ...; no ``@``: MLflow metric
@@ -21,10 +21,10 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_args
 
-from tasks.load_client import Target, run_level
-from tasks.load_search import Slo, max_rate_at_slo
+from tasks.load_client import Api, Target, run_level
+from tasks.load_search import RESULT_KEYS, Slo, max_rate_at_slo
 from tasks.types import BenchSpec, SloSpec
 from tasks.workloads import Workload, parse_workload
 
@@ -34,6 +34,40 @@ log = logging.getLogger(__name__)
 LEVEL_KEYS = {"output_throughput_tok_s": "output_tok_s", "request_throughput_req_s": "request_req_s",
               "tpot_ms_p50": "tpot_ms_p50", "ttft_ms_p50": "ttft_ms_p50", "itl_ms_p50": "itl_ms_p50",
               "tpot_ms_p99": "tpot_ms_p99", "ttft_ms_p99": "ttft_ms_p99"}
+
+
+#: what :func:`tasks.serving_metrics.summarize` returns for one load level (``{ttft,tpot,itl,
+#: itl_chunk,e2e_latency}_ms_{mean,p50,p90,p99}`` and the counts/rates), plus the two keys
+#: :func:`tasks.load_client.run_level` adds; with SLOs also :data:`LEVEL_SLO_KEYS`.
+LEVEL_SUMMARY_KEYS = frozenset({
+    "completed", "failed", "duration_s", "request_throughput_req_s", "input_throughput_tok_s",
+    "output_throughput_tok_s", "total_throughput_tok_s", "concurrency", "offered_rate_req_s",
+    *(f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "itl_chunk", "e2e_latency") for s in ("mean", "p50", "p90", "p99")),
+})
+#: the goodput keys of a level measured against SLOs (``slo_attainment_<ttft|tpot|e2el>``)
+LEVEL_SLO_KEYS = frozenset({"goodput_req_s", "slo_attainment", "slo_attainment_ttft", "slo_attainment_tpot",
+                            "slo_attainment_e2el"})
+#: what :meth:`tasks.load_search.LoadSearchResult.metrics` adds to the shown level's metrics (a
+#: censored result logs ``max_rate_at_slo_req_s_upper`` / ``_lower`` / ``_censored`` instead of the rate)
+SEARCH_KEYS = RESULT_KEYS
+#: what :func:`derived_metrics` can add (``cost_usd_per_mtok`` only with a GPU-hour price)
+DERIVED_KEYS = frozenset({"output_tok_s_per_gpu", "tok_s_per_user", "cost_usd_per_mtok"})
+
+
+def load_metric_names(bench: BenchSpec) -> frozenset[str]:
+    """Every metric name :func:`run_load` (or the instant model's ``simulate_load``) can add to a
+    trial for ``bench``: the load search's (:data:`SEARCH_KEYS`, the shown level's
+    :data:`LEVEL_SUMMARY_KEYS` / :data:`LEVEL_SLO_KEYS` and the curve ``load_rate_req_s_L<i>``,
+    ``load_met_L<i>``, ``load_<m>_L<i>`` for ``i < load_search.max_levels``) and the concurrency
+    levels' ``<m>_c<N>``; empty for a bench that asks for neither."""
+    out: set[str] = set()
+    if bench.load_search is not None:
+        out |= SEARCH_KEYS | LEVEL_SUMMARY_KEYS | LEVEL_SLO_KEYS
+        for i in range(bench.load_search.max_levels):
+            out |= {f"load_rate_req_s_L{i}", f"load_met_L{i}", *(f"load_{k}_L{i}" for k in CURVE_KEYS)}
+    for c in bench.concurrency_levels:
+        out |= {f"{name}_c{c}" for name in LEVEL_KEYS.values()}
+    return frozenset(out)
 
 
 def slo_ms(slo: SloSpec | None) -> dict[str, float] | None:
@@ -96,7 +130,7 @@ def search_rate(target: Target, bench: BenchSpec, deadline_at: float | None = No
     met = {lv.rate_req_s: lv.met for lv in res.levels}
     curve = [{"rate_req_s": r, "met": met[r], "metrics": dict(m)} for r, m in res.curve()]
     return metrics, {"kind": "load_search", "slo": vars(slo), "stopped_at_incumbent": res.stopped_at_incumbent,
-                     "capped": res.capped, "levels": curve}
+                     "capped": res.capped, "censored": res.censored, "bracket_rel": res.bracket_rel, "levels": curve}
 
 
 def sweep_concurrency(target: Target, bench: BenchSpec,
@@ -126,9 +160,12 @@ def run_load(base_url: str, api: str, bench: BenchSpec,
     ``openai``): ``(metrics, artifacts)`` (one artifact per part, JSON-able).
 
     Raises:
-        ValueError: a bad workload. Levels past ``deadline_s`` (s from now) send nothing and fail.
+        ValueError: a bad workload, or another ``api``. Levels past ``deadline_s`` (s from now)
+            send nothing and fail.
     """
-    target = Target(base_url, "openai" if api in ("openai", "vllm") else "sglang")
+    if api not in get_args(Api):
+        raise ValueError(f"api={api!r}: use one of {list(get_args(Api))}")
+    target = Target(base_url, api)  # type: ignore[arg-type]
     deadline_at = time.monotonic() + deadline_s if deadline_s else None
     metrics: dict[str, float] = {}
     arts: list[dict[str, Any]] = []
@@ -185,16 +222,17 @@ CURVE_KEYS = ("output_throughput_tok_s", "request_throughput_req_s", "goodput_re
               "tpot_ms_p50")
 
 
-def with_load(engine: str, base_url: str, bench: BenchSpec, metrics: dict[str, float], records: list[dict[str, Any]],
+def with_load(api: str, base_url: str, bench: BenchSpec, metrics: dict[str, float], records: list[dict[str, Any]],
               started_at: float, deadline_s: float | None) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """The trial's fixed-benchmark ``(metrics, records)`` plus :func:`run_load`'s (the curve as
-    :func:`curve_metrics`; each artifact appended to the records as ``{"load": artifact}``).
+    """The trial's fixed-benchmark ``(metrics, records)`` plus :func:`run_load`'s through ``api``
+    (the backend's ``Backend.load_api``; the curve as :func:`curve_metrics`; each artifact
+    appended to the records as ``{"load": artifact}``).
     ``started_at``: ``time.monotonic()`` when the benchmark began; ``deadline_s`` its budget.
 
     Levels past the bench budget send nothing and fail (see :func:`run_load`).
     """
     left = None if deadline_s is None else max(1e-3, deadline_s - (time.monotonic() - started_at))
-    m, arts = run_load(base_url, "openai" if engine == "vllm" else "sglang", bench, left)
+    m, arts = run_load(base_url, api, bench, left)
     out = {**metrics, **m}
     for a in arts:
         if a["kind"] == "load_search":

@@ -1,16 +1,21 @@
 """Plain data passed between the driver (sweeps/) and the node (tasks/).
 
-Everything here is a dataclass of builtins so it pickles cheaply through Ray and
-serialises to JSON for MLflow artifacts and Optuna user attributes.
+The specs here are dataclasses of builtins so they pickle cheaply through Ray; what a trial
+returns is the validated :class:`tasks.outcome.Outcome` (``TrialResult`` names it here).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
-TrialStatus = Literal["ok", "failed", "infra_error", "skipped", "interrupted"]
-Phase = Literal["preflight", "startup", "warmup", "bench", "teardown"]
+from tasks.outcome import Outcome, Status
+
+#: What one trial returns to the driver: the one outcome model (``tasks.outcome``), under
+#: the name the node's side has always used.
+TrialResult = Outcome
+#: a trial's status (``tasks.outcome.Status``)
+TrialStatus = Status
 
 
 @dataclass(frozen=True)
@@ -130,63 +135,3 @@ class TrialSpec:
     @property
     def trial_key(self) -> str:
         return f"{self.sweep}/{self.trial_number}"
-
-
-@dataclass
-class TrialResult:
-    """What one trial returns to the driver. Expected failures are data here.
-
-    Attributes:
-        status: ``ok`` (benchmarked), ``failed`` (the config failed), ``infra_error``
-            (the node failed; not the config's fault), ``skipped`` (matched a
-            failure rule or duplicated a finished config: no GPU time),
-            ``interrupted`` (the sweep was stopped while it ran).
-        metrics: ``decode_tok_s`` (objective, tok/s), ``output_tok_s`` (tok/s),
-            ``ttft_ms_p50``, ``itl_ms_p50``, ``itl_ms_p99`` (ms), ``accept_length``
-            (tokens per verify; 1.0 without speculation), ``e2e_s_p50`` (s).
-        failure_class: canonical class id (a key of ``tasks.failures.KIND``) or None.
-        failure_kind: ``deterministic`` | ``transient`` | ``infra`` | ``perf`` or None.
-        failure_signature: the decisive log line with numbers/paths masked.
-        phase: lifecycle phase where the failure happened.
-        perf_tags: performance findings on a healthy server (e.g. ``allreduce_path_degraded``).
-        log_tail: last lines of the (redacted) server log.
-        server_log: the whole redacted server log, capped at 1 MiB.
-        launch_command: the redacted, shell-quoted launch command with its env.
-        bench: raw per-request benchmark records (JSON-able).
-        startup_s: launch -> healthy, s.  warmup_s: healthy -> first generation served, s
-        (tasks.readiness).  bench_s: benchmark warm-up requests + measurement, s.
-        gpu_s: GPU-seconds held = wall time holding the GPUs × ``gpus``.
-        wall_s: whole task wall time, s.
-        fingerprint: environment fingerprint (GPU arch, driver, CUDA, NCCL, torch, SGLang, FlashInfer).
-        node: hostname / Ray node id the trial ran on.
-        gpu_ids: the GPU indices Ray assigned to the trial on that node (e.g. ``[4, 5, 6, 7]``).
-    """
-
-    status: TrialStatus
-    metrics: dict[str, float] = field(default_factory=dict)
-    failure_class: str | None = None
-    failure_kind: str | None = None
-    failure_signature: str | None = None
-    phase: str | None = None
-    perf_tags: list[str] = field(default_factory=list)
-    log_tail: str = ""
-    server_log: str = ""
-    launch_command: str = ""
-    bench: list[dict[str, Any]] = field(default_factory=list)
-    startup_s: float = 0.0
-    warmup_s: float = 0.0
-    bench_s: float = 0.0
-    gpu_s: float = 0.0
-    wall_s: float = 0.0
-    fingerprint: dict[str, str] = field(default_factory=dict)
-    node: str = ""
-    exit_code: int | None = None
-    gpu_ids: list[int] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def timings(self) -> dict[str, float]:
-        """``startup_s``, ``warmup_s``, ``bench_s``, ``gpu_s``, ``wall_s`` (s): the stored timings."""
-        return {"startup_s": self.startup_s, "warmup_s": self.warmup_s, "bench_s": self.bench_s,
-                "gpu_s": self.gpu_s, "wall_s": self.wall_s}

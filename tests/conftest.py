@@ -34,3 +34,23 @@ def _no_user_site(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("PYTHONHASHSEED", "0")
+
+
+#: slow modules that each keep the machine's cores busy for minutes (a real vLLM on CPU, 42
+#: drivers on one Ray head, SGLang's and vLLM's own clients at 8-64 streams, a bench_serving
+#: agreement at 5 %): under ``make test-slow``'s two workers they run one after another on one
+#: worker, never two at once
+HEAVY_SLOW_MODULES = frozenset({"test_vllm_real", "test_vllm_goodput", "test_vllm_client_agreement",
+                                "test_store_faults_slow", "test_contract_clients", "test_emulator_batching"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each slow test in an ``xdist_group`` (pytest-xdist's ``--dist loadgroup``): its
+    module's name, so a module's tests share one worker, its module-scoped fixtures (the team
+    stack, the Ray head) and their order; the modules of :data:`HEAVY_SLOW_MODULES` share one
+    group. Without ``-n`` the marks change nothing."""
+    for item in items:
+        if item.get_closest_marker("slow") is None:
+            continue
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else item.nodeid
+        item.add_marker(pytest.mark.xdist_group("heavy" if module in HEAVY_SLOW_MODULES else module))

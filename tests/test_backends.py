@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.config import ConfigError, backend_dict, load_spec
+from sweeps.config.spec import ConfigError, backend_dict, load_spec
 from tasks.backends import available_backends, check_kind, get_backend
 from tasks.backends.base import Backend, Launch
-from tasks.knobs import render_launch
+from tasks.backends.sglang.knobs import render_launch
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +70,7 @@ def test_capabilities_and_profiles(spec):
 
 
 def test_post_bench_reads_acceptance_only_when_the_streams_had_none(monkeypatch):
-    import tasks.backends.sglang as mod
+    import tasks.backends.sglang.backend as mod
 
     monkeypatch.setattr(mod, "fetch_server_info", lambda url: {"internal_states": [{"avg_spec_accept_length": 3.2}]})
     be = get_backend("sglang")
@@ -97,7 +97,7 @@ def test_no_backend_checks_outside_the_backend_modules():
 def test_validation_checks_the_server_args_whatever_the_launcher(spec, monkeypatch):
     """The emulated server's launcher (python -m tasks.emulator.server) is not SGLang's: only the
     server args go to SGLang's parser."""
-    import tasks.backends.sglang as mod
+    import tasks.backends.sglang.backend as mod
 
     seen = []
     monkeypatch.setattr(mod, "check_many", lambda argvs, python=None: seen.extend(argvs) or [{"ok": True}] * len(argvs))

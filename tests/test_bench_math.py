@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tasks.bench import BenchError, record_from_events, summarize
+from tasks.backends.sglang.client import BenchError, record_from_events, summarize
 
 
 def _stream(t_send, t_first, itl, n, per_chunk=1, verify=False):

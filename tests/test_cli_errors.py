@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from sweeps.cli_errors import closest, precheck
+from sweeps.app.cli_errors import closest, precheck
 from tests.conftest import REPO
 
 CONF = REPO / "conf"
@@ -89,3 +89,18 @@ def test_config_path_is_prechecked_too(tmp_path):
         "servesweep: no config 'sweep/smok.yaml'")
     assert precheck(CONF, ["sweep.budgt.trials=3", "--cfg=job", "--resolve"]).startswith(
         "servesweep: unknown config key 'sweep.budgt.trials'")
+
+
+def test_a_secret_in_backend_env_never_stays_in_hydras_run_dir(tmp_path):
+    """Hydra writes the composed config and the overrides to ``<run dir>/.hydra`` before the job;
+    the driver masks secret values there first thing, even when the config is then refused."""
+    run_dir = tmp_path / "hydra-run"
+    r = _run(REPO, "sweep=smoke", "backend=instant", "sweep.budget.trials=0", "+backend.env.SGLANG_API_KEY=ZZSECRET42",
+             "+backend.env.NCCL_ALGO=Ring", f"hydra.run.dir={run_dir}")
+    assert r.returncode == 2, r.stderr  # refused (trials=0) after Hydra wrote its files
+    written = {p.name: p.read_text() for p in (run_dir / ".hydra").glob("*.yaml")}
+    assert set(written) == {"config.yaml", "overrides.yaml", "hydra.yaml"}
+    assert not any("ZZSECRET42" in t for t in written.values()), written
+    assert "SGLANG_API_KEY: '***'" in written["config.yaml"] and "NCCL_ALGO: Ring" in written["config.yaml"]
+    assert "+backend.env.SGLANG_API_KEY=***" in written["overrides.yaml"]
+    assert "ZZSECRET42" not in r.stderr + r.stdout

@@ -26,7 +26,7 @@ import optuna
 import psutil
 import pytest
 
-from sweeps import records as R
+from sweeps.store import records
 from tests.conftest import REPO
 from tests.procs import trial_processes
 from tests.waiting import wait_for
@@ -70,13 +70,13 @@ def _study(store: Path) -> optuna.Study:
     return optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}")
 
 
-def _records(store: Path) -> list[R.TrialRecord]:
+def _records(store: Path) -> list[records.TrialRecord]:
     study = _study(store)
-    return R.load_records(study)
+    return records.load_records(study)
 
 
 def _result(store: Path, number: int) -> dict:
-    return json.loads((R.trial_dir(store, "smoke", number) / "result.json").read_text())
+    return json.loads((records.trial_dir(store, "smoke", number) / "result.json").read_text())
 
 
 def _node_id(rec_node: str) -> str:
@@ -165,6 +165,6 @@ def test_node_removed_mid_trial_reruns_elsewhere(cluster, tmp_path):
     assert retried, [(x.number, x.attempts, x.status, probes[x.number]) for x in recs]
     for x in retried:  # re-ran on the surviving node and finished as a normal trial
         assert _node_id(x.node) == head_id[:12] and x.status in ("ok", "failed"), x
-        d = R.trial_dir(store, "smoke", x.number)
+        d = records.trial_dir(store, "smoke", x.number)
         assert (d / "server.attempt1.log").exists() or (d / "server.probe.attempt1.log").exists(), sorted(d.iterdir())
     wait_for(lambda: _servers(store) == [], 20, what="the trials' servers to exit")

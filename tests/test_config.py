@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.config import ConfigError, load_spec
+from sweeps.config.spec import ConfigError, load_spec
 from tests.conftest import CONF, compose_cfg
 
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml") if p.stem != "recheck")
@@ -73,6 +73,8 @@ def _err(overrides):
         (["sweep.params.allreduce.choices=[nccl,custom,ring_allreduce]"], "level 'ring_allreduce'"),
         (["study_name=../../escaped"], "study_name"),
         (["backend.launcher=[]"], "backend.launcher"),
+        (["sweep.confirm.repeats=6", "sweep.confirm.max_repeats=4"], "raise max_repeats to at least 6"),
+        (["sweep.confirm.margin=0"], "sweep.confirm.margin"),
     ],
 )
 def test_bad_config_names_the_field(overrides, needle):

@@ -18,28 +18,29 @@ import optuna
 import pytest
 from scipy import stats
 
-from sweeps import confirm as C
-from sweeps import records as R
-from sweeps.config import load_spec
+from sweeps.config.spec import load_spec
+from sweeps.run.executor import RayExecutor
+from sweeps.search import confirm
+from sweeps.store import records
 from tasks.types import TrialResult
 from tests.conftest import REPO, compose_cfg
 
 
 def test_t_interval_matches_scipy():
     vals = [88.0, 89.5, 90.1, 87.9, 89.0]
-    mean, lo, hi = C.t_interval(vals, 0.95)
+    mean, lo, hi = confirm.t_interval(vals, 0.95)
     ref = stats.t.interval(0.95, len(vals) - 1, loc=stats.tmean(vals), scale=stats.sem(vals))
     assert mean == pytest.approx(sum(vals) / 5)
     assert (lo, hi) == pytest.approx(ref)
-    assert C.t_interval([1.0], 0.95)[1] != C.t_interval([1.0], 0.95)[1]  # NaN bound for one value
+    assert confirm.t_interval([1.0], 0.95)[1] != confirm.t_interval([1.0], 0.95)[1]  # NaN bound for one value
 
 
 def test_compare_tokens():
     base = [[[1, 2, 3], [4, 5, 6]]]
-    assert C.compare_tokens(base, [[[1, 2, 3], [4, 5, 6]]]) == (True, "")
-    ok, detail = C.compare_tokens(base, [[[1, 2, 3], [4, 9, 6]]])
+    assert confirm.compare_tokens(base, [[[1, 2, 3], [4, 5, 6]]]) == (True, "")
+    ok, detail = confirm.compare_tokens(base, [[[1, 2, 3], [4, 9, 6]]])
     assert ok is False and "prompt 1" in detail and "token 1" in detail
-    assert C.compare_tokens([[[]]], [[[1]]])[0] is None
+    assert confirm.compare_tokens([[[]]], [[[1]]])[0] is None
 
 
 class _Ref:
@@ -69,7 +70,7 @@ class _Task:
     def remote(self, spec, profile, workdir):
         self.calls.append((spec.trial_number, dict(spec.env), profile["emulator"]["seed"] if profile else None))
         rng = random.Random(spec.trial_number)
-        mu = self.true[R.config_key(spec.params)]
+        mu = self.true[records.config_key(spec.params)]
         val = mu * (1 + 0.015 * rng.gauss(0, 1))
         bad = spec.env.get("SERVESWEEP_EMULATOR_FAULT") == "corrupt_tokens"
         bench = [{"output_ids": [(i * 7 + j + (1 if bad and j else 0)) % 100 for j in range(8)]} for i in range(2)]
@@ -83,8 +84,8 @@ class _Driver:
         self.profile = {"emulator": {"seed": 0}}
         self.backend = self.spec.backend.model_dump()
         self._trial_task = _Task(true)
-        self.ray = _FakeRay()
-        self.max_inflight = 2
+        # the sweep's executor: Ray tasks over the stand-ins, two in flight
+        self.executor = RayExecutor(_FakeRay(), self._trial_task, None, str(tmp_path / "work"), 2)
         self.interrupted = False
 
 
@@ -106,11 +107,11 @@ def test_lucky_config_does_not_win_and_mismatch_is_flagged(tmp_path):
     steady = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}  # measured 89.5, truly 89.5
     fast_wrong = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}  # fastest, bad tokens
     study = _study([(base, 82.0, True), (lucky, 91.0, False), (steady, 89.5, False), (fast_wrong, 95.0, False)])
-    truth = {R.config_key(base): 82.0, R.config_key(lucky): 84.0, R.config_key(steady): 89.5,
-             R.config_key(fast_wrong): 95.0}
+    truth = {records.config_key(base): 82.0, records.config_key(lucky): 84.0, records.config_key(steady): 89.5,
+             records.config_key(fast_wrong): 95.0}
     drv = _Driver(tmp_path, study, truth)
-    out = C.confirm_top(drv, k=3, repeats=5,
-                        extra_env={R.config_key(fast_wrong): {"SERVESWEEP_EMULATOR_FAULT": "corrupt_tokens"}})
+    out = confirm.confirm_top(drv, k=3, repeats=5,
+                        extra_env={records.config_key(fast_wrong): {"SERVESWEEP_EMULATOR_FAULT": "corrupt_tokens"}})
     by = {e["trial"]: e for e in out["entries"]}
     assert set(by) == {0, 1, 2, 3} and all(e["n"] == 5 for e in by.values())
     assert out["winner"] == 2, out["winner_note"]  # the steady config, not the lucky or the wrong one
@@ -125,23 +126,24 @@ def test_lucky_config_does_not_win_and_mismatch_is_flagged(tmp_path):
     seeds = [s for _, _, s in drv._trial_task.calls]
     assert len(seeds) == 20 and len(set(seeds)) == 20
     # stored for findings/report; the flagged trial carries output_mismatch
-    assert study.user_attrs[C.ATTR]["winner"] == 2
-    assert C.mismatched_trials(study.user_attrs[C.ATTR]) == {3}
+    assert study.user_attrs[confirm.ATTR]["winner"] == 2
+    assert confirm.mismatched_trials(study.user_attrs[confirm.ATTR]) == {3}
     # a second call with the same candidates reuses the stored confirmation
     drv._trial_task.calls.clear()
-    assert C.confirm_top(drv, k=3, repeats=5)["winner"] == 2 and not drv._trial_task.calls
+    assert confirm.confirm_top(drv, k=3, repeats=5)["winner"] == 2 and not drv._trial_task.calls
 
 
 def test_findings_show_the_confirmation(tmp_path):
-    from sweeps.findings import update_findings
+    from sweeps.publish.findings import update_findings
 
     base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
     other = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
     study = _study([(base, 82.0, True), (other, 95.0, False)])
-    drv = _Driver(tmp_path, study, {R.config_key(base): 82.0, R.config_key(other): 95.0})
-    out = C.confirm_top(drv, k=1, repeats=3, extra_env={R.config_key(other): {"SERVESWEEP_EMULATOR_FAULT": "corrupt_tokens"}})
+    drv = _Driver(tmp_path, study, {records.config_key(base): 82.0, records.config_key(other): 95.0})
+    out = confirm.confirm_top(drv, k=1, repeats=3,
+                              extra_env={records.config_key(other): {"SERVESWEEP_EMULATOR_FAULT": "corrupt_tokens"}})
     assert out["winner"] == 0  # only the baseline is left
-    doc = update_findings(drv.spec, "s", R.load_records(study), {}, None, confirmation=out, path=tmp_path / "f.md")
+    doc = update_findings(drv.spec, "s", records.load_records(study), {}, None, confirmation=out, path=tmp_path / "f.md")
     text = doc.read_text()
     assert "### Confirmation" in text and "**differ**" in text and "t1 changes the output** (output_mismatch)" in text
     base_mean = next(e["mean"] for e in out["entries"] if e["trial"] == 0)
@@ -165,16 +167,16 @@ def test_corrupt_tokens_on_real_emulated_servers(tmp_path):
     script = textwrap.dedent(f"""
         import json, sys
         from tests.conftest import compose_cfg
-        from sweeps.config import load_spec
-        from sweeps.driver import Driver
-        from sweeps import records as R
-        from sweeps.confirm import confirm_top, candidates
+        from sweeps.config.spec import load_spec
+        from sweeps.app.driver import Driver
+        from sweeps.store import records
+        from sweeps.search.confirm import confirm_top, candidates
         spec = load_spec(compose_cfg({fast!r}))
         d = Driver(spec); d.setup()
-        top, base = candidates(R.load_records(d.study), 2)
+        top, base = candidates(records.load_records(d.study), 2)
         victim = next(r for r in top if not r.is_baseline)
         out = confirm_top(d, k=2, repeats=2, force=True,
-                          extra_env={{R.config_key(victim.params): {{"SERVESWEEP_EMULATOR_FAULT": "corrupt_tokens"}}}})
+                          extra_env={{records.config_key(victim.params): {{"SERVESWEEP_EMULATOR_FAULT": "corrupt_tokens"}}}})
         print(json.dumps({{"victim": victim.number, "out": out}}, default=str))
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
@@ -187,3 +189,104 @@ def test_corrupt_tokens_on_real_emulated_servers(tmp_path):
     assert res["out"]["winner"] != res["victim"]
     others = [e for e in by.values() if e["trial"] != res["victim"] and not e["is_baseline"]]
     assert all(e["tokens_match"] is True for e in others)  # real greedy ids from the emulator matched
+
+
+def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
+    """Two configs 0.3 % apart under 1.5 % noise: the race gives the leader and its close rival
+    more repeats (not the clearly slower config or the baseline), up to the budget, and reports
+    them as a tie group; a rerun launches nothing, a larger budget only adds launches."""
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
+    b = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
+    slow = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
+    study = _study([(base, 82.0, True), (a, 91.0, False), (b, 90.5, False), (slow, 90.0, False)])
+    truth = {records.config_key(base): 82.0, records.config_key(a): 90.0, records.config_key(b): 90.3,
+             records.config_key(slow): 80.0}
+    drv = _Driver(tmp_path, study, truth)
+    out = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01)
+    by = {e["trial"]: e for e in out["entries"]}
+    assert by[0]["launched"] == 3 and by[3]["launched"] == 3  # separated after the first 3: no race
+    assert by[1]["launched"] == by[2]["launched"] == 6  # undecided: raced to the budget
+    assert out["decision"]["status"] == "budget_spent" and set(out["tie_group"]) == {1, 2}, out["decision_reason"]
+    assert out["winner"] == out["tie_group"][0] and "tie-break" in out["winner_note"]
+    assert by[out["tie_group"][1]]["verdict"] == "tie group: not picked"
+    assert by[1]["vs_leader"] in ("leader", "undecided") and by[3]["vs_leader"] == "separated"
+    # the tie-break: fewer non-default settings (t1 changes the CUDA-graph size; t2 also the allreduce)
+    assert by[1]["non_default"] < by[2]["non_default"] and out["winner"] == 1
+    for e in by.values():  # Fieller: speedup intervals are never below 0 and hold their ratio
+        lo, hi = e["ratio_interval"]
+        assert 0 <= lo <= e["speedup_mean"] <= (hi if hi is not None else float("inf"))
+    launches = len(drv._trial_task.calls)
+    assert launches == 3 + 3 + 6 + 6 and len(out["launches"]) == launches
+    # rerun at the same settings: the stored evidence answers it, nothing is launched
+    drv._trial_task.calls.clear()
+    again = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01)
+    assert not drv._trial_task.calls and again["winner"] == out["winner"]
+    # a larger budget adds evidence: the first values stay, only the racing configs get more
+    more = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=8, margin=0.01)
+    by2 = {e["trial"]: e for e in more["entries"]}
+    assert by2[1]["values"][:6] == by[1]["values"] and by2[0]["values"] == by[0]["values"]
+    assert len(drv._trial_task.calls) == 4 and by2[1]["launched"] == by2[2]["launched"] == 8
+    assert more["round"] == out["round"] + 1
+    # every launch had its own noise seed, across both rounds
+    nums = [x["repeat"] for x in more["launches"] if x["trial"] == 1]
+    assert nums == list(range(8))
+    # a larger initial repeats count asks for the missing repeats only
+    drv._trial_task.calls.clear()
+    confirm.confirm_top(drv, k=3, repeats=4, max_repeats=8, margin=0.01)
+    assert sorted(c[0] % 100 for c in drv._trial_task.calls) == [3, 3]  # t0 and t3: their 4th repeat
+
+
+def test_a_confirmation_stored_before_the_race_is_kept_as_evidence(tmp_path):
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    fast = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
+    study = _study([(base, 82.0, True), (fast, 91.0, False)])
+    drv = _Driver(tmp_path, study, {records.config_key(base): 82.0, records.config_key(fast): 90.0})
+    study.set_user_attr(confirm.ATTR, {"candidates": [0, 1], "repeats": 3, "round": 0, "winner": 1, "entries": [
+        {"trial": 0, "is_baseline": True, "values": [82.0, 81.5, 82.4], "n": 3},
+        {"trial": 1, "is_baseline": False, "values": [90.1, 89.8, 90.3], "n": 3, "tokens_match": True}]})
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=3)
+    assert not drv._trial_task.calls and out["winner"] == 1
+    assert {e["trial"]: e["values"] for e in out["entries"]} == {0: [82.0, 81.5, 82.4], 1: [90.1, 89.8, 90.3]}
+    assert next(e for e in out["entries"] if e["trial"] == 1)["tokens_match"] is True
+    out = confirm.confirm_top(drv, k=1, repeats=4, max_repeats=4)
+    assert len(drv._trial_task.calls) == 2 and all(e["n"] == 4 for e in out["entries"])
+
+
+def test_confirmation_runs_are_named_by_repeat_and_one_evidence_set_is_current(tmp_path):
+    """MLflow: one run per launch named ``t001 confirm r<repeat>`` with its round; a rerun
+    re-tags verdicts instead of adding runs; a superseded evidence set (force) loses its verdicts."""
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.publish.parent_run import sync_confirmation
+    from sweeps.store.tracking import Tracker
+
+    tr = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "exp", str(tmp_path / "art"))
+    cl = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    tr.parent_run_id = cl.create_run(tr.experiment_id, run_name="parent").info.run_id
+    kids = {t: cl.create_run(tr.experiment_id, run_name=f"t{t}").info.run_id for t in (0, 1)}
+
+    def conf(epoch, rnd, launches, verdicts):
+        return {"epoch": epoch, "round": rnd, "repeats": 2, "launches": launches,
+                "entries": [{"trial": t, "config": {}, "verdict": v} for t, v in verdicts.items()]}
+
+    first = [{"trial": t, "repeat": r, "round": 0, "status": "ok", "value": 90.0 + r} for t in (0, 1) for r in (0, 1)]
+    assert sync_confirmation(tr, "s", conf(0, 0, first, {0: "#2", 1: "winner"}), "decode_tok_s", kids.get) == 4
+    more = first + [{"trial": 1, "repeat": 2, "round": 1, "status": "ok", "value": 91.0}]
+    assert sync_confirmation(tr, "s", conf(0, 1, more, {0: "winner", 1: "tie group: not picked"}),
+                             "decode_tok_s", kids.get) == 1
+    runs = [r for r in cl.search_runs([tr.experiment_id]) if r.data.tags.get("servesweep.role") == "confirmation"]
+    names = sorted(r.info.run_name for r in runs)
+    assert names == ["t000 confirm r1", "t000 confirm r2", "t001 confirm r1", "t001 confirm r2", "t001 confirm r3"]
+    assert {r.data.tags["decision_round"] for r in runs} == {"1"} and {r.data.tags["current"] for r in runs} == {"true"}
+    assert sorted(r.data.tags["confirm_round"] for r in runs) == ["0", "0", "0", "0", "1"]
+    assert all(r.data.tags["verdict"] == ("winner" if r.data.tags["confirms_trial"] == "0" else "tie group: not picked")
+               for r in runs)
+    # a new evidence set: the old runs are no longer current and keep no verdict
+    fresh = [{"trial": 1, "repeat": 0, "round": 2, "status": "ok", "value": 92.0}]
+    assert sync_confirmation(tr, "s", conf(1, 2, fresh, {1: "winner"}), "decode_tok_s", kids.get) == 1
+    runs = [r for r in cl.search_runs([tr.experiment_id]) if r.data.tags.get("servesweep.role") == "confirmation"]
+    cur = [r for r in runs if r.data.tags.get("current") == "true"]
+    assert len(cur) == 1 and cur[0].data.tags["verdict"] == "winner" and cur[0].data.tags["confirm_epoch"] == "1"
+    assert all("verdict" not in r.data.tags for r in runs if r.data.tags.get("current") == "false")
+    assert sum(r.data.tags.get("verdict") == "winner" for r in runs) == 1

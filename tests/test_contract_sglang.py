@@ -1,7 +1,7 @@
 """Contract: what servesweep renders is what SGLang 0.5.23's own parser accepts.
 
 The checks run in the contract venv (``scripts/contract_env.sh`` -> ``.contract-venv``,
-SGLang 0.5.23 on CPU torch) through ``python -m tasks.sglang_cli check-argv`` with the
+SGLang 0.5.23 on CPU torch) through ``python -m tasks.backends.sglang.cli check-argv`` with the
 repo on PYTHONPATH; this test process only renders and compares. Without the venv these
 tests skip with the reason; under ``CI=true`` a missing venv is a failure.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks import sglang_cli
-from tasks.knobs import render_launch
+from tasks.backends.sglang import cli as sglang_cli
+from tasks.backends.sglang.knobs import render_launch
 
 pytestmark = pytest.mark.contract
 
@@ -152,7 +152,7 @@ def test_every_flag_the_emulated_server_accepts_exists_in_sglang_0_5_23(contract
 # --- shipped sweep configs ---------------------------------------------------------------
 def _sweep_files() -> list[Path]:
     """The shipped sweeps over SGLang knobs (a vLLM sweep such as cpu_real is not SGLang's to check)."""
-    from tasks.knobs import KNOWN_KNOBS
+    from tasks.backends.sglang.knobs import KNOWN_KNOBS
 
     files = sorted((ROOT / "conf/sweep").glob("*.yaml"))
     return [f for f in files if set(_sweep_body(f).get("params") or {}) <= KNOWN_KNOBS]
@@ -167,9 +167,9 @@ def _sweep_body(sweep_file: Path) -> dict:
 def _sweep_argvs(sweep_file: Path) -> list[list[str]]:
     """Every trial of a sweep config (grid of its finite space + baseline + seeds), rendered."""
     try:
-        from sweeps.space import parse_space
+        from sweeps.config.space import parse_space
     except ImportError as e:  # pragma: no cover - the lead's module
-        pytest.skip(f"LOUD SKIP: sweeps.space is not importable yet ({e}); shipped sweeps unchecked")
+        pytest.skip(f"LOUD SKIP: sweeps.config.space is not importable yet ({e}); shipped sweeps unchecked")
     cfg = _sweep_body(sweep_file)
     space = parse_space(cfg.get("params") or {}, cfg.get("constraints") or [])
     finite = all(p.type != "float" or getattr(p, "step", None) for p in space.params)
@@ -230,7 +230,7 @@ def test_strict_preflight_refuses_abbreviations_sglang_would_accept(check, contr
 def test_checker_cli_exit_codes(check, contract_python):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = lambda payload: subprocess.run(  # noqa: E731
-        [contract_python, "-m", "tasks.sglang_cli", "check-argv", "--json", json.dumps(payload)],
+        [contract_python, "-m", "tasks.backends.sglang.cli", "check-argv", "--json", json.dumps(payload)],
         capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=120, check=False,
     )
     bad = run([GOOD, GOOD + ["--tp-sizes", "8"]])

@@ -56,7 +56,7 @@ def test_vllm_deploys_openai_api_server():
 def test_sglang_0_5_23_parser_accepts_the_deploy_command():
     if not CONTRACT_PY.exists():
         pytest.skip(f"{CONTRACT_PY} missing (scripts/contract_env.sh)")
-    from tasks.sglang_cli import check_many
+    from tasks.backends.sglang.cli import check_many
 
     cmds = [get_backend("emulated").deploy_command(p, NODE, MODEL, EMULATED)
             for p in (PARAMS, {"allreduce": "nccl", "speculative": "none"})]
@@ -65,8 +65,8 @@ def test_sglang_0_5_23_parser_accepts_the_deploy_command():
 
 
 def _summary_command(tmp_path, backend: str) -> tuple[str, str]:
-    from sweeps.config import load_spec
-    from sweeps.inprocess import run_in_process
+    from sweeps.app.inprocess import run_in_process
+    from sweeps.config.spec import load_spec
     from tests.conftest import compose_cfg
 
     store = tmp_path / "store"
@@ -86,16 +86,16 @@ def test_summary_prints_the_deploy_command_and_labels_the_emulated_node(tmp_path
     assert argv[:3] == ["python", "-m", "sglang.launch_server"] and argv[-2:] == ["--port", "30000"]
     assert "tasks.emulator" not in cmd and "--nccl-port" not in cmd
     assert "emulated 8×RTX PRO 6000: " in text  # the numbers are the emulated node's
-    assert "GPU-hours booked on the emulated 8×RTX PRO 6000 (modelled, no real GPU used)" in text
+    assert "GPU-hours, modelled: emulated node, no real GPU used" in text  # the booking says what it is
     if CONTRACT_PY.exists():
-        from tasks.sglang_cli import check_many
+        from tasks.backends.sglang.cli import check_many
 
         assert check_many([argv[3:]], python=str(CONTRACT_PY))[0]["ok"], cmd
 
 
 def test_estimate_says_it_is_a_real_node_projection_and_who_books_it():
-    from sweeps.config import load_spec
-    from sweeps.estimate import estimate_gpu_hours
+    from sweeps.app.estimate import estimate_gpu_hours
+    from sweeps.config.spec import load_spec
     from tests.conftest import compose_cfg
 
     _, emu = estimate_gpu_hours(load_spec(compose_cfg(["backend=emulated"])))

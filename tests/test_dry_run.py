@@ -30,6 +30,7 @@ def _dry(tmp_path, *extra):
     return r, time.monotonic() - t0
 
 
+@pytest.mark.slow  # > 10 s on 2 idle cores (CI's durations): make test-slow runs it
 def test_campaign_dry_run_validates_every_trial_quickly(tmp_path):
     _needs_contract_env()
     r, wall = _dry(tmp_path)
@@ -43,6 +44,7 @@ def test_campaign_dry_run_validates_every_trial_quickly(tmp_path):
     assert not (tmp_path / "store").exists(), "a dry run must not create stores or start Ray"
 
 
+@pytest.mark.slow  # > 10 s on 2 idle cores (CI's durations): make test-slow runs it
 def test_dry_run_reports_a_flag_sglang_rejects(tmp_path):
     _needs_contract_env()
     r, _ = _dry(tmp_path, "dry_run_sample=3", "backend.extra_args=[--cuda-graph-max-bs,'64']")

@@ -119,13 +119,16 @@ def test_instant_goodput_trial_runs_the_whole_load_search_fast():
         walls.append(time.perf_counter() - t0)
     m = out["metrics"]
     assert out["status"] == "ok"
-    for key in ("max_rate_at_slo_req_s", "goodput_req_s", "ttft_ms_p99", "tpot_ms_p99", "decode_tok_s"):
+    for key in ("goodput_req_s", "ttft_ms_p99", "tpot_ms_p99", "decode_tok_s"):
         assert key in m and np.isfinite(m[key]), key
     levels = out["load_artifacts"][0]["levels"]
     assert 2 <= len(levels) <= 6 and m["load_levels"] == len(levels)
-    assert 0 < m["max_rate_at_slo_req_s"] < 64
+    # six levels over 0.25..64 req/s may stop short of 5 %: then the rate is censored (its bounds only)
+    rate = m.get("max_rate_at_slo_req_s", m.get("max_rate_at_slo_req_s_lower"))
+    assert ("max_rate_at_slo_req_s" in m) != bool(m.get("max_rate_at_slo_req_s_censored"))
+    assert rate is not None and 0 < rate < 64
     best = max(lv["rate_req_s"] for lv in levels if lv["met"])
-    assert m["max_rate_at_slo_req_s"] == best
+    assert rate == best
     assert all(lv["metrics"]["tpot_ms_p99"] <= 50 and lv["metrics"]["ttft_ms_p99"] <= 2000
                for lv in levels if lv["met"])
     assert out["bench_s"] > sum(lv["metrics"]["duration_s"] for lv in levels)  # + the fixed benchmark
@@ -332,7 +335,8 @@ def _server_ttft_ms_p50(srv, n):
     return statistics.median((r["first_sent_s"] - r["received_s"]) * 1e3 for r in reqs)
 
 
-@pytest.mark.contract  # ~25 s of real-time serving (not slow: < 60 s)
+@pytest.mark.slow  # > 10 s on 2 idle cores (CI's durations): make test-slow runs it
+@pytest.mark.contract  # ~25 s of real-time serving (44 s on CI)
 def test_bench_serving_agrees_with_the_emulators_prediction(server):
     if not VENV_PY.exists():
         pytest.skip(f"CONTRACT CHECK NOT RUN: {VENV_PY} is missing. Build it with scripts/contract_env.sh")

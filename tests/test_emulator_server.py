@@ -102,14 +102,18 @@ def test_tokens_identical_across_configs_and_openai_api(server_factory):
     assert 1 <= rb["meta_info"]["spec_verify_ct"] <= 11
     c = httpx.post(a.base_url + "/v1/completions", json={"model": "m", "prompt": "hello world", "max_tokens": 5},
                    timeout=10).json()
-    assert c["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    # SGLang's UsageInfo: these three plus prompt_tokens_details / reasoning_tokens / completion_tokens_details
+    assert {k: c["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {
+        "prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
     assert c["choices"][0]["finish_reason"] == "length"
     assert httpx.get(a.base_url + "/health_generate", timeout=10).status_code == 200
     assert httpx.get(a.base_url + "/get_model_info").json()["model_path"] == "moonshotai/Kimi-K2.5"
     assert httpx.get(a.base_url + "/v1/models").json()["data"][0]["id"] == "moonshotai/Kimi-K2.5"
     assert httpx.post(a.base_url + "/flush_cache").text == "Cache flushed.\n"
     bad = httpx.post(a.base_url + "/generate", content=b"not json", timeout=10)
-    assert bad.status_code == 400 and bad.json() == {"error": "invalid JSON body"}
+    # FastAPI's RequestValidationError through SGLang's handler: the ErrorResponse shape
+    assert bad.status_code == 400 and bad.json()["object"] == "error" and bad.json()["type"] == "Bad Request"
+    assert bad.json()["code"] == 400 and "JSON decode error" in bad.json()["message"]
 
 
 def test_corrupt_tokens_fault_changes_output(server_factory):

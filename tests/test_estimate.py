@@ -1,4 +1,4 @@
-"""Pre-launch GPU-hour estimate (sweeps.estimate, tasks.emulator.instant.estimate_sweep)."""
+"""Pre-launch GPU-hour estimate (sweeps.app.estimate, tasks.emulator.instant.estimate_sweep)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 import optuna
 import pytest
 
-from sweeps.config import load_spec
-from sweeps.estimate import estimate_gpu_hours, sample_feasible
+from sweeps.app.estimate import estimate_gpu_hours, sample_feasible
+from sweeps.config.spec import load_spec
 from tasks.emulator.instant import estimate_sweep, simulate
 from tasks.emulator.profile import default_profile
 from tasks.emulator.testing import EAGLE_FLAGS, baseline_flags
@@ -97,8 +97,29 @@ def test_estimate_matches_an_instant_sweep(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "run_sweep.py"), *over], cwd=str(tmp_path), capture_output=True,
                        text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    from sweeps.records import load_records
+    from sweeps.store.records import load_records
 
     study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}")
     actual = sum(x.timings.get("gpu_s", 0.0) for x in load_records(study)) / 3600
     assert actual > 0 and est == pytest.approx(actual, rel=0.2)
+
+
+def test_a_recheck_is_priced_at_its_own_launches(tmp_path):
+    """A recheck launches the source's dead ends and canaries, not ``budget.max_asks`` trials
+    (8 launches once read ~456 GPU-hours): its estimate is priced at the launches it will make."""
+    from sweeps.app.inprocess import run_in_process
+    from sweeps.app.recheck import planned_launches
+
+    store = [f"tracking.store_dir={tmp_path}", f"tracking.findings_dir={tmp_path / 'findings'}"]
+    run_in_process(_spec("backend=instant", "sweep=smoke", "sweep.budget.trials=4", *store))
+    same = _spec("backend=instant", "sweep=recheck", "source=smoke", *store)
+    assert planned_launches(same) == 0  # everything was learned on this very fingerprint: nothing re-runs
+    re = _spec("backend=instant", "sweep=recheck", "source=smoke", "+backend.emulator.fingerprint.flashinfer=0.6.0",
+               *store)
+    n = planned_launches(re)
+    assert n is not None and 1 <= n < 10
+    hours, msg = estimate_gpu_hours(re, launches=n)
+    assert f"{n} launches" in msg and "dead ends and canaries" in msg
+    unbounded = estimate_gpu_hours(re)[0]  # no trial budget: max_asks, the old figure
+    assert hours < unbounded / 10
+    assert planned_launches(_spec("backend=instant", "sweep=recheck", "source=nosuch", *store)) is None

@@ -4,43 +4,39 @@ kept, and the same command resumes once space is back."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.graceful import store_cause
-from sweeps.inprocess import InProcessDriver, run_in_process
-from sweeps.lifecycle import execute
-from sweeps.stores import StoreError
+from sweeps.app.inprocess import InProcessDriver, run_in_process
+from sweeps.app.lifecycle import execute
+from sweeps.config.spec import load_spec
+from sweeps.errors import exit_code
+from sweeps.run.graceful import store_cause
+from sweeps.run.stores import StoreError
+from sweeps.store import records
 from tests.conftest import compose_cfg
+from tests.procs import small_tmpfs_at
 
 
 @pytest.fixture
 def small_tmpfs(tmp_path):
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    try:
+    with small_tmpfs_at(tmp_path / "mnt", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _fill(d: Path) -> Path:
+    """Fill the file system of ``d`` with ``d/filler`` until a write fails (ENOSPC); returns
+    the filler's path, which may not exist: a sweep's own writes can fill a small tmpfs before
+    the filler's first byte (then even creating it fails), and the disk is full either way."""
     filler = d / "filler"
-    with open(filler, "wb") as f:
-        try:
+    try:
+        with open(filler, "wb") as f:
             while True:
                 f.write(b"\0" * 65536)
                 f.flush()
-        except OSError:
-            pass
+    except OSError:
+        pass
     return filler
 
 
@@ -62,13 +58,13 @@ def test_full_store_stops_the_sweep_with_path_and_cause_then_resumes(small_tmpfs
     msg = str(ei.value)
     assert str(store) in msg and "run the same command again" in msg
     assert "No space left on device" in msg or "disk is full" in msg, msg
-    assert ei.value.exit_code == 2
-    fill["file"].unlink()
+    assert exit_code(ei.value) == 2
+    fill["file"].unlink(missing_ok=True)
     # the lease row could not be deleted while the disk was full (it would expire by itself):
     # with space back, the stopped driver's release goes through
     drv.hold.lease.release()
     again = run_in_process(spec)
-    recs = R.load_records(again.study)
+    recs = records.load_records(again.study)
     assert recs[0].is_baseline and recs[0].status == "ok"  # recorded before the disk filled
     assert all(r.state != "RUNNING" for r in recs)
     lost = next(r for r in recs if r.number == 1)
@@ -92,15 +88,8 @@ def test_store_causes_are_recognised():
 
 @pytest.fixture
 def readonly_workdir(tmp_path):
-    work = tmp_path / "store" / "work"
-    work.mkdir(parents=True)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(work)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("needs root to mount a read-only tmpfs")
-    try:
+    with small_tmpfs_at(tmp_path / "store" / "work", "1m", read_only=True) as work:
         yield work
-    finally:
-        subprocess.run(["umount", "-l", str(work)], check=False)
 
 
 def test_unwritable_work_dir_is_an_infra_error_with_its_message_not_retried(readonly_workdir):
@@ -110,8 +99,8 @@ def test_unwritable_work_dir_is_an_infra_error_with_its_message_not_retried(read
                                   "backend.emulator.time_scale=0.002",
                                   f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]))
     drv = run_in_process(spec)
-    recs = [r for r in R.load_records(drv.study) if r.launched]
-    assert recs, R.load_records(drv.study)
+    recs = [r for r in records.load_records(drv.study) if r.launched]
+    assert recs, records.load_records(drv.study)
     r = recs[0]
     assert r.status == "infra_error" and r.failure_class != "node_lost" and r.phase == "preflight"
     assert "worker cannot write its work dir" in r.failure_signature and "Read-only file system" in r.failure_signature

@@ -13,9 +13,9 @@ import httpx
 import psutil
 import pytest
 
-from sweeps import records as R
-from sweeps.executor import retry_reason
-from tasks.knobs import render_launch
+from sweeps.run.executor import retry_reason
+from sweeps.store import records
+from tasks.backends.sglang.knobs import render_launch
 from tasks.quality import quality_metrics, unstable_reason
 from tasks.trial import run_trial
 from tasks.types import BenchSpec, Timeouts, TrialResult, TrialSpec
@@ -55,7 +55,7 @@ def _freeze_mid_stream(root, stop_s: float, done: threading.Event) -> None:
 @pytest.mark.slow  # ~10 s: one emulated server, a 2.5 s freeze
 def test_sigstop_mid_stream_is_tagged_unstable(base, tmp_path):  # noqa: F811
     spec, profile = base
-    from sweeps.config import backend_dict
+    from sweeps.config.spec import backend_dict
 
     argv, env, exp = render_launch(NCCL, spec.node.model_dump(), spec.model.model_dump(), backend_dict(spec))
     bench = BenchSpec(input_len=16, output_len=128, warmup_requests=1, warmup_output_len=4, repeats=3,
@@ -91,11 +91,11 @@ def test_quality_metrics_and_thresholds():
 
 def test_unstable_trials_are_kept_out_of_the_winner():
     def rec(n, v, tags=()):
-        return R.TrialRecord(number=n, state="COMPLETE", params={"x": n}, status="ok",
+        return records.TrialRecord(number=n, state="COMPLETE", params={"x": n}, status="ok",
                              metrics={"decode_tok_s": v}, perf_tags=list(tags))
 
     recs = [rec(0, 80.0), rec(1, 120.0, ["unstable"]), rec(2, 90.0)]
-    assert R.best_record(recs).number == 2
-    assert [r.number for r in R.ranked_records(recs)] == [2, 0]
+    assert records.best_record(recs).number == 2
+    assert [r.number for r in records.ranked_records(recs)] == [2, 0]
     ok = TrialResult(status="ok", perf_tags=[])
     assert retry_reason(ok, 1, 1) is None

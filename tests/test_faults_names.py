@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.inprocess import InProcessDriver
-from sweeps.stores import StoreError, leftover_alembic_tables, new_study_name, prepare
+from sweeps.app.inprocess import InProcessDriver
+from sweeps.config.spec import load_spec
+from sweeps.errors import exit_code
+from sweeps.run.stores import StoreError, leftover_alembic_tables, new_study_name, prepare
+from sweeps.store import records
 from tasks.types import TrialResult
 from tests.conftest import CONF, REPO, compose_cfg
 
@@ -31,6 +32,8 @@ def test_half_created_mlflow_schema_is_refused_with_the_fix(tmp_path):
     spec.store_dir.mkdir(parents=True)
     con = sqlite3.connect(spec.store_dir / "mlflow.db")
     con.execute("CREATE TABLE _alembic_tmp_runs (x INTEGER)")
+    con.execute("CREATE TABLE runs (x INTEGER)")
+    con.execute("INSERT INTO runs VALUES (1)")  # it holds a run: rebuilding it would lose it
     con.commit()
     con.close()
     assert leftover_alembic_tables(spec.mlflow_uri) == ["_alembic_tmp_runs"]
@@ -39,8 +42,8 @@ def test_half_created_mlflow_schema_is_refused_with_the_fix(tmp_path):
         drv.setup()
     drv.release()
     msg = str(ei.value)
-    assert "half-created" in msg and "_alembic_tmp_runs" in msg and f"mv {spec.store_dir / 'mlflow.db'}" in msg
-    assert ei.value.exit_code == 2
+    assert "half-made" in msg and "_alembic_tmp_runs" in msg and f"mv {spec.store_dir / 'mlflow.db'}" in msg
+    assert exit_code(ei.value) == 2
     assert not (spec.store_dir / "optuna.db").exists()  # refused before any store was touched
 
 
@@ -76,8 +79,8 @@ def test_a_store_left_mid_write_by_a_killed_driver_is_read_again(tmp_path):
 
 RACE = """
 import sys, time
-from sweeps.config import load_spec
-from sweeps.stores import prepare
+from sweeps.config.spec import load_spec
+from sweeps.run.stores import prepare
 from tests.conftest import compose_cfg
 spec = load_spec(compose_cfg(["backend=instant", "sweep=smoke", "tracking.store_dir=" + sys.argv[1]]))
 while time.time() < float(sys.argv[2]):
@@ -144,7 +147,7 @@ def test_a_trial_interrupted_during_startup_is_recorded_in_phase_startup(tmp_pat
         drv.interrupt()
     finally:
         drv.release()
-    rec = next(r for r in R.load_records(drv.study) if r.number == f.trial.number)
+    rec = next(r for r in records.load_records(drv.study) if r.number == f.trial.number)
     assert rec.status == "interrupted" and rec.phase == "startup"
 
 

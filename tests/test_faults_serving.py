@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 from optuna.trial import TrialState
 
-import tasks.backends.lifecycle as LC
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.inprocess import run_in_process
+import tasks.backends.lifecycle as lifecycle
+from sweeps.app.inprocess import run_in_process
+from sweeps.config.spec import load_spec
+from sweeps.store import records
 from tests.conftest import compose_cfg
 from tests.procs import trial_processes
 from tests.test_faults import _run, base  # noqa: F401 - base is the module's fixture
@@ -33,7 +33,7 @@ def test_one_503_after_green_health_is_absorbed_by_readiness(base, tmp_path):  #
 
 
 def test_a_503_in_the_benchmark_is_server_http_error_not_a_stall(base, tmp_path, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(LC, "ensure_serving", lambda *a, **k: 0.0)  # health green = ready (the old check)
+    monkeypatch.setattr(lifecycle, "ensure_serving", lambda *a, **k: 0.0)  # health green = ready (the old check)
     res, _, w = _run(base, tmp_path, "http_503_once")
     assert res.status == "failed" and res.failure_class == "server_http_error", (res.failure_class,
                                                                                  res.failure_signature)
@@ -52,7 +52,7 @@ def _sweep(store):
 def test_sweep_with_a_503_after_health_keeps_the_baseline_ok_and_learns_no_rule(tmp_path):
     spec = _sweep(tmp_path / "s")
     drv = run_in_process(spec)
-    recs = [r for r in R.load_records(drv.study) if r.launched]
+    recs = [r for r in records.load_records(drv.study) if r.launched]
     assert len(recs) == 2 and all(r.status == "ok" and r.attempts == 1 for r in recs), recs
     assert any(r.is_baseline for r in recs)
     assert all(r.timings.get("warmup_s", 0) > 0 for r in recs if r.timings.get("bench_s"))  # a probe has no bench
@@ -62,10 +62,10 @@ def test_sweep_with_a_503_after_health_keeps_the_baseline_ok_and_learns_no_rule(
 
 
 def test_server_http_error_is_retried_once_and_never_a_dead_end(tmp_path, monkeypatch):
-    monkeypatch.setattr(LC, "ensure_serving", lambda *a, **k: 0.0)
+    monkeypatch.setattr(lifecycle, "ensure_serving", lambda *a, **k: 0.0)
     spec = _sweep(tmp_path / "s")
     drv = run_in_process(spec)
-    recs = [r for r in R.load_records(drv.study) if r.launched]
+    recs = [r for r in records.load_records(drv.study) if r.launched]
     b0 = next(r for r in recs if r.is_baseline)
     assert b0.failure_class == "server_http_error" and b0.attempts == 2 and b0.phase == "bench", b0
     # never mistaken for bench_stall (a level whose probe showed a silent fallback is the perf class)

@@ -16,12 +16,14 @@ import time
 import pytest
 from optuna.trial import TrialState
 
-from sweeps import records as R
-from sweeps import sqlite_tuning, store_retry
-from sweeps.config import load_spec
-from sweeps.inprocess import InProcessDriver, run_in_process
-from sweeps.record_io import OutcomeRecord
-from sweeps.store_retry import StoreWriteError
+from sweeps.app.inprocess import InProcessDriver, run_in_process
+from sweeps.config.spec import load_spec
+from sweeps.errors import exit_code
+from sweeps.store import records
+from sweeps.store import retry as store_retry
+from sweeps.store import sqlite as sqlite_tuning
+from sweeps.store.record_io import OutcomeRecord
+from sweeps.store.retry import StoreWriteError
 from tests.conftest import compose_cfg
 
 
@@ -79,14 +81,14 @@ def test_record_survives_a_lock_past_the_busy_timeout(tmp_path, short_busy):
     drv = run_in_process(spec, task_hook=hook)
     assert lockers and lockers[0].released_at is not None  # the lock really was held during trial 1
     trials = drv.study.get_trials(deepcopy=False)
-    launched = [t for t in trials if R.record_from_trial(t).launched]
+    launched = [t for t in trials if records.record_from_trial(t).launched]
     assert len(launched) >= 3  # the budget counts full launches (a probe spends none of it)
     for t in trials:
         assert t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL), t
-        rec = OutcomeRecord.model_validate(t.user_attrs[R.A_RECORD])  # the whole outcome, one attribute
-        assert t.user_attrs[R.A_STATUS] == rec.status  # derived attr written with it
+        rec = OutcomeRecord.model_validate(t.user_attrs[records.A_RECORD])  # the whole outcome, one attribute
+        assert t.user_attrs[records.A_STATUS] == rec.status  # derived attr written with it
     one = next(t for t in trials if t.number == 0)
-    rec = R.record_from_trial(one)
+    rec = records.record_from_trial(one)
     assert rec.status == "ok" and rec.metrics.get("decode_tok_s", 0) > 0 and rec.launch_command
     assert rec.timings.get("wall_s") is not None and rec.attempts == 1
 
@@ -105,11 +107,11 @@ def test_lock_past_the_retry_budget_stops_the_sweep_cleanly(tmp_path, short_busy
         drv.release()
     # nothing half-written: the trial has no record and no status (still RUNNING in storage)
     t0 = next(t for t in drv.study.get_trials(deepcopy=False) if t.number == 0)
-    assert t0.state == TrialState.RUNNING and R.A_RECORD not in t0.user_attrs and R.A_STATUS not in t0.user_attrs
+    assert t0.state == TrialState.RUNNING and records.A_RECORD not in t0.user_attrs and records.A_STATUS not in t0.user_attrs
     # the same command resumes: the stale trial is recovered and its config (the baseline) measured
     monkeypatch.setattr(store_retry, "RETRY_S", 120.0)
     again = run_in_process(spec)
-    recs = R.load_records(again.study)
+    recs = records.load_records(again.study)
     assert any(r.is_baseline and r.status == "ok" for r in recs), recs
     assert all(r.state != "RUNNING" for r in recs)
 
@@ -119,11 +121,11 @@ def test_old_studies_without_a_record_still_load(tmp_path):
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="old")
     t = study.ask({"x": optuna.distributions.IntDistribution(0, 3)})
-    for k, v in {R.A_STATUS: "ok", R.A_METRICS: {"decode_tok_s": 7.0}, R.A_PHASE: "bench",
-                 R.A_TIMINGS: {"bench_s": 1.0}}.items():
+    for k, v in {records.A_STATUS: "ok", records.A_METRICS: {"decode_tok_s": 7.0}, records.A_PHASE: "bench",
+                 records.A_TIMINGS: {"bench_s": 1.0}}.items():
         t.set_user_attr(k, v)
     study.tell(t, 7.0)
-    rec = R.load_records(study)[0]
+    rec = records.load_records(study)[0]
     assert rec.status == "ok" and rec.metrics == {"decode_tok_s": 7.0} and rec.timings == {"bench_s": 1.0}
 
 
@@ -153,13 +155,13 @@ def test_resume_runs_the_interrupted_baseline_first(tmp_path):
     spec = _spec(tmp_path / "s", trials=1)
     dead = InProcessDriver(spec)
     dead.setup()
-    trial, params = dead.ask()
-    assert trial.user_attrs.get(R.A_BASELINE) and trial.number == 0
+    trial, params = dead.searcher.ask()
+    assert trial.user_attrs.get(records.A_BASELINE) and trial.number == 0
     waiting_before = [t.number for t in dead.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
     assert waiting_before  # seeds enqueued after the baseline, ahead of any re-queue
     dead.release()  # what a SIGKILL leaves: the lock and lease gone, trial 0 RUNNING
     again = run_in_process(spec)
-    recs = R.load_records(again.study)
+    recs = records.load_records(again.study)
     assert recs[0].status == "interrupted" and recs[0].failure_class == "node_lost"
     ran = [r for r in recs if r.launched and r.status == "ok"]
     assert len(ran) == 1 and ran[0].is_baseline and ran[0].params == params, ran
@@ -168,11 +170,11 @@ def test_resume_runs_the_interrupted_baseline_first(tmp_path):
 
 
 def test_rule_write_survives_a_lock_past_the_busy_timeout(tmp_path, monkeypatch):
-    import sweeps.rules as RU
+    import sweeps.rules.store as rules_store
 
-    monkeypatch.setattr(RU, "BUSY_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(rules_store, "BUSY_TIMEOUT_S", 0.3)
     db = tmp_path / "rules.db"
-    store = RU.RuleStore(f"sqlite:///{db}")
+    store = rules_store.RuleStore(f"sqlite:///{db}")
     lk = Locker(db, hold_s=2.0)
     lk.start()
     fp = {"gpu_arch": "sm_120", "driver": "1", "cuda": "13", "nccl": "2", "torch": "2", "sglang": "0.5"}
@@ -181,12 +183,13 @@ def test_rule_write_survives_a_lock_past_the_busy_timeout(tmp_path, monkeypatch)
     assert lk.released_at is not None and rule is not None and store.list()[0].failure_class == "server_args_incompatible"
 
 
+@pytest.mark.slow  # > 10 s on 2 idle cores (CI's durations): make test-slow runs it
 def test_a_local_mlflow_store_that_fails_every_call_stops_the_sweep(tmp_path, monkeypatch):
     """A local MLflow store whose every write fails (its tables gone mid-sweep) is an error
     (exit 2 with the store and the fix), not a warning the sweep shrugs off; Optuna keeps the trials."""
-    import sweeps.tracking as tracking
-    from sweeps.lifecycle import execute
-    from sweeps.stores import StoreError
+    import sweeps.store.tracking as tracking
+    from sweeps.app.lifecycle import execute
+    from sweeps.run.stores import StoreError
 
     monkeypatch.setattr(tracking, "OUTAGE_BACKOFF_S", 0.0)  # every flush attempts a sync
     store = tmp_path / "store"
@@ -208,8 +211,8 @@ def test_a_local_mlflow_store_that_fails_every_call_stops_the_sweep(tmp_path, mo
     with pytest.raises(StoreError) as e:
         execute(drv)
     assert "MLflow store" in str(e.value) and "mlflow.db.broken" in str(e.value), str(e.value)
-    assert getattr(e.value, "exit_code", None) == 2
-    finished = [r for r in R.load_records(drv.study) if r.state not in ("RUNNING", "WAITING")]
+    assert exit_code(e.value) == 2
+    finished = [r for r in records.load_records(drv.study) if r.state not in ("RUNNING", "WAITING")]
     assert finished, "the trials measured before the stop are kept in Optuna"
 
 
@@ -219,15 +222,16 @@ def test_stale_recovery_rewrites_a_record_the_killed_driver_left_before_its_tell
     legacy attributes (records are read from the record first)."""
     import optuna
 
-    from sweeps import study as S
-    from sweeps.record_io import write_outcome
+    from sweeps.store import study as study_store
+    from sweeps.store.record_io import write_outcome
 
     study = optuna.create_study()
     t = study.ask()
     t.suggest_categorical("allreduce", ["custom"])
-    write_outcome(t, {R.A_STATUS: "ok", R.A_FAILURE_CLASS: "allreduce_path_degraded", R.A_FAILURE_KIND: "perf"}, "t0")
-    assert S.recover_stale(study) == 1
-    r = next(r for r in R.load_records(study) if r.number == 0)
+    write_outcome(t, {records.A_STATUS: "ok", records.A_FAILURE_CLASS: "allreduce_path_degraded",
+                      records.A_FAILURE_KIND: "perf"}, "t0")
+    assert study_store.recover_stale(study) == 1
+    r = next(r for r in records.load_records(study) if r.number == 0)
     assert (r.state, r.status, r.failure_class, r.failure_kind) == ("FAIL", "interrupted", "node_lost", "infra"), r
 
 
@@ -236,17 +240,17 @@ def test_a_queued_trial_killed_before_it_took_its_params_is_queued_again():
     killed before suggesting: recovery re-queues that config, not nothing."""
     import optuna
 
-    from sweeps import study as S
+    from sweeps.store import study as study_store
 
     study = optuna.create_study()
     cfg = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
     study.enqueue_trial(cfg, user_attrs={"untried_draw": True, "enqueue_attrs": {"untried_draw": True}})
     t = study.ask()
     assert t.params == {} and study.trials[0].state == TrialState.RUNNING
-    assert S.recover_stale(study) == 1
+    assert study_store.recover_stale(study) == 1
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert [w.system_attrs["fixed_params"] for w in waiting] == [cfg]
-    assert waiting[0].user_attrs[R.A_REQUEUED] and waiting[0].user_attrs["untried_draw"]
+    assert waiting[0].user_attrs[records.A_REQUEUED] and waiting[0].user_attrs["untried_draw"]
 
 
 def test_a_draw_killed_half_way_is_failed_and_not_queued_as_a_partial_config():
@@ -255,7 +259,7 @@ def test_a_draw_killed_half_way_is_failed_and_not_queued_as_a_partial_config():
     config is queued again."""
     import optuna
 
-    from sweeps import study as S
+    from sweeps.store import study as study_store
 
     study = optuna.create_study()
     half = study.ask()
@@ -263,8 +267,8 @@ def test_a_draw_killed_half_way_is_failed_and_not_queued_as_a_partial_config():
     whole = study.ask()
     whole.suggest_categorical("speculative", ["none"])
     whole.suggest_categorical("allreduce", ["nccl"])
-    whole.set_user_attr(R.A_CONFIG_KEY, R.config_key(whole.params))
-    assert S.recover_stale(study) == 2
+    whole.set_user_attr(records.A_CONFIG_KEY, records.config_key(whole.params))
+    assert study_store.recover_stale(study) == 2
     assert [t.state for t in study.trials[:2]] == [TrialState.FAIL, TrialState.FAIL]
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert [w.system_attrs["fixed_params"] for w in waiting] == [{"speculative": "none", "allreduce": "nccl"}]
@@ -273,7 +277,7 @@ def test_a_draw_killed_half_way_is_failed_and_not_queued_as_a_partial_config():
 def test_mlflow_writes_ride_out_a_lock_longer_than_their_attempts(monkeypatch):
     """MLflow writes get the store's busy budget: a lock outlasting tracking.retry's 5 attempts
     is waited out; an unreachable server still fails after its attempts."""
-    from sweeps import tracking
+    from sweeps.store import tracking
 
     monkeypatch.setattr(store_retry, "RETRY_S", 5.0)
     monkeypatch.setattr(tracking.time, "sleep", lambda s: None)

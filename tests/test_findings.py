@@ -15,9 +15,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.findings import BEGIN, END, find_sections, read_data_block, splice_section, update_findings
+from sweeps.config.spec import load_spec
+from sweeps.publish.findings import BEGIN, END, find_sections, read_data_block, splice_section, update_findings
+from sweeps.store import records
 from tests.conftest import REPO, compose_cfg
 
 FP = {"gpu_arch": "sm_120", "driver": "580.95.05", "cuda": "12.9", "nccl": "2.27.7", "torch": "2.9.1",
@@ -32,9 +32,9 @@ def _spec(tmp_path: Path, study: str = "smoke"):
 
 
 def rec(n: int, status: str, tok: float | None = None, baseline: bool = False, cls: str | None = None,
-        tags: list[str] | None = None, **params) -> R.TrialRecord:
+        tags: list[str] | None = None, **params) -> records.TrialRecord:
     p = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128, **params}
-    return R.TrialRecord(number=n, state="COMPLETE" if status == "ok" else "PRUNED", params=p, status=status,
+    return records.TrialRecord(number=n, state="COMPLETE" if status == "ok" else "PRUNED", params=p, status=status,
                          metrics={"decode_tok_s": tok, "accept_length": 1.0} if tok is not None else {},
                          failure_class=cls, failure_kind="deterministic" if cls else None,
                          failure_signature=f"signature of {cls}" if cls else None, phase="startup" if cls else None,
@@ -42,15 +42,15 @@ def rec(n: int, status: str, tok: float | None = None, baseline: bool = False, c
                          fingerprint=FP, timings={"gpu_s": 80.0})
 
 
-def sweep_a() -> list[R.TrialRecord]:
+def sweep_a() -> list[records.TrialRecord]:
     return [rec(0, "ok", 82.0, baseline=True, cuda_graph_max_bs=512), rec(1, "ok", 80.5, allreduce="custom",
-            tags=[R.DEGRADED], cuda_graph_max_bs=512),
+            tags=[records.DEGRADED], cuda_graph_max_bs=512),
             rec(2, "failed", cls="flashinfer_allreduce_fusion_unsupported_arch", allreduce="flashinfer_fusion",
                 cuda_graph_max_bs=512),
             rec(3, "ok", 88.0, cuda_graph_max_bs=64)]
 
 
-def sweep_b() -> list[R.TrialRecord]:
+def sweep_b() -> list[records.TrialRecord]:
     return [rec(0, "ok", 89.5, baseline=True, cuda_graph_max_bs=128), rec(1, "ok", 91.0, cuda_graph_max_bs=64),
             rec(2, "failed", cls="flashinfer_allreduce_fusion_unsupported_arch", allreduce="flashinfer_fusion")]
 
@@ -216,11 +216,11 @@ def test_document_is_current_after_a_driver_kill(tmp_path):
     assert sec.startswith(BEGIN) and sec.rstrip().endswith(END)
     data = read_data_block(text)
     study = optuna.load_study(study_name="eagle3_allreduce", storage=f"sqlite:///{store / 'optuna.db'}")
-    recs = R.load_records(study)
+    recs = records.load_records(study)
     finished = sum(r.launched for r in recs if r.state != "RUNNING")
     doc_launched = data["sweeps"][-1]["launched"]
     # the last write happened after the last finished trial, or one trial was told but not yet written
     assert finished - 1 <= doc_launched <= finished
-    base = R.baseline_value(recs)
+    base = records.baseline_value(recs)
     assert data["baselines"][-1]["tok_s"] == pytest.approx(base, abs=1e-3)
     assert json.dumps(data)  # parseable, complete

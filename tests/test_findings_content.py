@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.findings import Context, read_data_block, render_section, update_findings
-from sweeps.findings.break_even import FORMULA
-from sweeps.findings.evidence import decisive_line
+from sweeps.config.spec import load_spec
+from sweeps.publish.findings import Context, read_data_block, render_section, update_findings
+from sweeps.publish.findings.break_even import FORMULA
+from sweeps.publish.findings.evidence import decisive_line
+from sweeps.store import records
 from tasks.backends import get_backend
 from tests.conftest import compose_cfg
 
@@ -27,11 +27,11 @@ KeyError: 12
 
 
 def rec(n: int, tok: float | None, *, status: str = "ok", baseline: bool = False, itl: float | None = None,
-        accept: float = 1.0, log: str = "", cls: str | None = None, sig: str | None = None, **params) -> R.TrialRecord:
+        accept: float = 1.0, log: str = "", cls: str | None = None, sig: str | None = None, **params) -> records.TrialRecord:
     p = {**BASE, **params}
     m = {"decode_tok_s": tok, "accept_length": accept, "itl_ms_p50": itl or (1000 / tok if tok else None),
          "ttft_ms_p50": 80.0} if tok is not None else {}
-    return R.TrialRecord(number=n, state="COMPLETE" if status == "ok" else "PRUNED", params=p, status=status,
+    return records.TrialRecord(number=n, state="COMPLETE" if status == "ok" else "PRUNED", params=p, status=status,
                          metrics=m, failure_class=cls, failure_kind="deterministic" if cls else None,
                          failure_signature=sig, phase="startup" if cls else None, is_baseline=baseline,
                          launch_command=f"/venv/bin/python -m tasks.emulator.server --trial {n}", log_tail=log,
@@ -43,7 +43,7 @@ def entry(trial: int, mean: float, lo: float, hi: float, *, base: bool = False, 
             "tokens_match": None, "verdict": verdict, "label": f"t{trial}", "config": {}}
 
 
-def sweep() -> list[R.TrialRecord]:
+def sweep() -> list[records.TrialRecord]:
     return [rec(0, 82.5, baseline=True),
             rec(1, 91.6, cuda_graph_max_bs=128),  # the lucky draw: re-measured at 88.6
             rec(2, 90.1, nccl_proto="LL", cuda_graph_max_bs=32),
@@ -91,7 +91,9 @@ def test_without_confirmation_values_are_single_measurements(tmp_path):
     assert "**t1: 91.6 tok/s**" in text and "not yet confirmed with repeats" in text
     assert "(emulated " not in text and "emulated node" not in text  # a real backend's numbers carry no emulated label
     assert "(measured in this sweep, t0; single measurement)" in text
-    assert "82.5 -> 91.6 tok/s (1.11x; single measurement)" in text
+    # an unconfirmed single measurement is never advised as the next sweep's baseline
+    assert "measured 91.6 tok/s once (1.11x the baseline; single measurement, not confirmed)" in text
+    assert "It is not advised as `sweep.baseline`" in text and "consider it as `sweep.baseline`" not in text
     assert data["baselines"][-1]["confirmed_runs"] == 0
 
 
@@ -113,9 +115,10 @@ def test_every_level_that_ran_and_lost_has_a_line_with_margin_and_reason(tmp_pat
     assert "ITL p50 17.3 ms vs 11.1 ms in t2" in simple and "server log: `env: NCCL_PROTO=Simple`" in simple
     symm = next(line for line in sec.splitlines() if line.startswith("- `allreduce=torch_symm_mem`"))
     assert "1 of 1 launches failed: torch_symm_mem_unsupported (t4)" in symm
-    # t1 (cuda_graph_max_bs=128) re-measured within noise of the winner: said so, not called a clear loss
-    g128 = next(line for line in sec.splitlines() if line.startswith("- `cuda_graph_max_bs=128`"))
-    assert "t1, confirmed mean of 3 fresh runs" in g128
+    # t1 (cuda_graph_max_bs=128) re-measured within noise of the winner: a tie, not listed as a loss
+    assert not any(line.startswith("- `cuda_graph_max_bs=128`") for line in sec.splitlines())
+    ties = next(line for line in sec.splitlines() if line.startswith("- Not losses: within run-to-run noise"))
+    assert "`cuda_graph_max_bs=128` (88.6 tok/s, t1)" in ties and "`nccl_proto=default` (88.6 tok/s, t1)" in ties
     assert not any(line.startswith("- `nccl_proto=LL`") for line in sec.splitlines())  # the winner's level
     share = next(line for line in sec.splitlines() if line.startswith("Share of the decode tok/s variance"))
     assert "(ANOVA main effects" in share and "n=5" in share  # launched ok trials: t0-t3, t6
@@ -139,7 +142,7 @@ def test_decisive_line_is_verbatim_not_normalized(tmp_path):
 def test_a_dead_end_reads_as_the_rule_it_taught(tmp_path):
     """One failing trial shares every knob with itself: the entry names the rule learned from
     it (what later proposals are skipped by), not the trial's whole config."""
-    from sweeps.rules_match import Rule
+    from sweeps.rules.match import Rule
 
     recs = [*sweep(), rec(5, None, status="failed", nccl_algo="Tree", nccl_proto="LL", cls="nccl_env_algo_proto_invalid",
                           sig="no algorithm/protocol available")]
@@ -197,14 +200,14 @@ def test_untried_levels_in_next_steps_and_emulated_label_and_deploy_command(tmp_
     assert deploy.startswith("python -m sglang.launch_server --model-path ") and "--port 30000" in deploy
     assert "tasks.emulator" not in deploy and "/venv/" not in deploy
     assert "What the sweep launched (emulated 8×RTX PRO 6000 Blackwell node): `/venv/bin/python" in best
-    assert "GPU-hours on the emulated node (modelled, no real GPU time)" in text
+    assert "GPU-hours, modelled: emulated node, no real GPU used" in text
     assert "Every measurement below is the emulated 8×RTX PRO 6000 Blackwell node's" in text
     assert read_data_block(text)["sweeps"][-1]["best_trial"] == 1
 
 
 def test_next_steps_never_suggest_an_approach_a_known_dead_end_excludes(tmp_path):
-    from sweeps.rules import fingerprint_hash
-    from sweeps.rules_match import Rule
+    from sweeps.rules.match import Rule
+    from sweeps.rules.store import fingerprint_hash
 
     spec = load_spec(compose_cfg(["sweep=smoke"]))
     recs = [rec(0, 82.0, baseline=True, cuda_graph_max_bs=128), rec(1, 88.0, cuda_graph_max_bs=64)]
@@ -228,3 +231,15 @@ def test_next_steps_never_suggest_an_approach_a_known_dead_end_excludes(tmp_path
 def test_backends_say_whether_their_numbers_are_emulated():
     assert get_backend("emulated").emulated and get_backend("instant").emulated
     assert not get_backend("sglang").emulated and not get_backend("vllm").emulated
+
+
+def test_a_quoted_line_is_called_verbatim_only_when_it_is():
+    """A line holding a ``<HOST>``-style placeholder or changed by redaction is labelled redacted;
+    a stored (normalized) signature says so."""
+    from sweeps.publish.findings.evidence import decisive_evidence, quoted
+
+    assert quoted("RuntimeError: No supported CUDA architectures")[1] == "verbatim"
+    assert quoted("<HOST>:4411:4411 [0] enqueue.cc:1390 NCCL WARN Error")[1] == "redacted"
+    r = records.TrialRecord(number=1, state="COMPLETE", params={}, status="failed", failure_class="x",
+                      failure_signature="KeyError: <N>")
+    assert decisive_evidence(r) == ("KeyError: <N>", "normalized signature")

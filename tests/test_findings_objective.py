@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.findings import objective_of, read_data_block, update_findings
-from sweeps.findings.measure import axis, column, unit
-from sweeps.objective import MetricConstraint, Objective, ObjectiveSet
-from sweeps.report import by_allreduce_figure, eagle_figure, history_figure, study_objective, write_plots
+from sweeps.config.objective import MetricConstraint, Objective, ObjectiveSet
+from sweeps.config.spec import load_spec
+from sweeps.publish.findings import objective_of, read_data_block, update_findings
+from sweeps.publish.findings.measure import axis, column, unit
+from sweeps.publish.plots import by_allreduce_figure, eagle_figure, history_figure, study_objective, write_plots
+from sweeps.store import records
 from tests.conftest import compose_cfg
 from tests.test_findings import FP, _read, _spec
 
@@ -22,16 +22,16 @@ TTFT = Objective("ttft_ms_p50", "minimize")
 
 
 def lat(n: int, status: str, ttft: float | None, tok: float | None, baseline: bool = False,
-        cls: str | None = None, **params) -> R.TrialRecord:
+        cls: str | None = None, **params) -> records.TrialRecord:
     """A trial with a TTFT (ms) and a decode rate (tok/s): the two objectives disagree."""
     p = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128, **params}
     m = {"ttft_ms_p50": ttft, "decode_tok_s": tok, "accept_length": 1.0} if ttft is not None else {}
-    return R.TrialRecord(number=n, state="COMPLETE" if status == "ok" else "PRUNED", params=p, status=status, metrics=m,
+    return records.TrialRecord(number=n, state="COMPLETE" if status == "ok" else "PRUNED", params=p, status=status, metrics=m,
                          failure_class=cls, failure_kind="deterministic" if cls else None, is_baseline=baseline,
                          launch_command=f"python -m x --trial {n}", fingerprint=FP, timings={"gpu_s": 60.0})
 
 
-def latency_sweep() -> list[R.TrialRecord]:
+def latency_sweep() -> list[records.TrialRecord]:
     # t1 has the lowest TTFT; t2 the highest decode rate (the decode_tok_s winner) but the worst TTFT
     return [lat(0, "ok", 400.0, 82.0, baseline=True), lat(1, "ok", 300.0, 80.0, cuda_graph_max_bs=64),
             lat(2, "ok", 500.0, 95.0, allreduce="custom", cuda_graph_max_bs=512),
@@ -131,7 +131,7 @@ def test_plots_are_labelled_with_the_objective():
     fig = history_figure(recs, TTFT)
     ax = fig.axes[0]
     assert ax.get_ylabel() == axis(TTFT) == "ttft_ms_p50 (ms, lower is better)"
-    best_line = next(line for line in ax.get_lines() if line.get_label() == "best so far")
+    best_line = next(line for line in ax.get_lines() if line.get_label() == "best so far (unconfirmed)")
     assert list(best_line.get_ydata()) == [400.0, 300.0, 300.0, 300.0]  # running minimum over t0..t3
     bar = by_allreduce_figure(recs, ["nccl", "custom", "flashinfer_fusion"], TTFT)
     assert bar.axes[0].get_ylabel().startswith("ttft_ms_p50 (ms, lower is better)")

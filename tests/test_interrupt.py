@@ -12,7 +12,7 @@ import time
 import optuna
 import pytest
 
-from sweeps import records as R
+from sweeps.store import records
 from tests.test_driver_kill import servers_of, sweep_cmd, trial_states
 from tests.waiting import wait_for
 
@@ -46,7 +46,7 @@ def test_ctrl_c_stops_gracefully_and_resumes(tmp_path):
     wait_for(lambda: servers_of(store) == [], 15, what="the servers to exit after Ctrl-C")
 
     study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}")
-    recs = R.load_records(study)
+    recs = records.load_records(study)
     assert not [r for r in recs if r.state == "RUNNING"]
     interrupted = [r for r in recs if r.status == "interrupted"]
     assert interrupted and all(r.state == "FAIL" for r in interrupted)
@@ -55,8 +55,8 @@ def test_ctrl_c_stops_gracefully_and_resumes(tmp_path):
 
     again = subprocess.run(sweep_cmd(store), cwd=str(tmp_path), capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    recs2 = R.load_records(optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}"))
+    recs2 = records.load_records(optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}"))
     for r in interrupted:  # each interrupted config ran again after the resume
-        key = R.config_key(r.params)
-        assert [x for x in recs2 if x.number > r.number and R.config_key(x.params) == key
+        key = records.config_key(r.params)
+        assert [x for x in recs2 if x.number > r.number and records.config_key(x.params) == key
                 and x.status in ("ok", "failed", "skipped")], r.number

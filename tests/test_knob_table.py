@@ -10,10 +10,10 @@ import pytest
 
 from tasks.backends import get_backend
 from tasks.backends.flagtable import FlagTableError, load_flag_table, read_flag_table
+from tasks.backends.sglang.cli import flags_from_table
+from tasks.backends.sglang.knobs import ALLREDUCE_LEVELS, ENV_KNOBS, KnobError, render_launch
 from tasks.emulator.flags import LaunchArgError, build_parser, parse_flags
 from tasks.emulator.launch import parse_launch
-from tasks.knobs import ALLREDUCE_LEVELS, ENV_KNOBS, KnobError, render_launch
-from tasks.sglang_cli import flags_from_table
 from tasks.types import BenchSpec, Timeouts, TrialSpec
 
 TABLE = load_flag_table("sglang")

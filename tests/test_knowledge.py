@@ -1,4 +1,4 @@
-"""Shipped public knowledge: conf/knowledge/*.yaml loaded, validated and matched (sweeps/knowledge.py)."""
+"""Shipped public knowledge: conf/knowledge/*.yaml loaded, validated and matched (sweeps/rules/knowledge.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweeps import knowledge
-from sweeps.knowledge import KnowledgeError, load_knowledge, match
+from sweeps.rules import knowledge
+from sweeps.rules.knowledge import KnowledgeError, load_knowledge, match
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = yaml.safe_load((ROOT / "conf/node/rtx_pro_6000x8.yaml").read_text())

@@ -10,9 +10,9 @@ import psutil
 import pytest
 from filelock import FileLock, Timeout
 
-from sweeps.config import backend_dict, load_spec
+from sweeps.config.spec import backend_dict, load_spec
 from tasks.backends import get_backend
-from tasks.knobs import render_launch
+from tasks.backends.sglang.knobs import render_launch
 from tasks.server import PORT_LOCK_DIR, reserve_ports
 from tasks.trial import run_trial
 from tasks.types import BenchSpec, Timeouts, TrialSpec
@@ -191,14 +191,19 @@ def test_what_the_server_says_while_torn_down_is_not_evidence(base, tmp_path):
 # finishing its own crash, deaf to SIGTERM) prints the decisive NCCL line a moment later.
 _EXITS_CHILD_SPEAKS_LATE = r'''
 import subprocess, sys
+# The parent exits only once its child ignores SIGTERM: a child still starting its interpreter
+# when teardown's SIGTERM arrives would die of it and never say its late line.
 CHILD = """
-import signal, time
+import signal, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print('child ignores SIGTERM', flush=True)
+sys.stdout.close()
 time.sleep(1.0)
 print('NCCL WARN Error : no algorithm/protocol available for function AllGather with datatype '
-      'ncclBfloat16. NCCL_ALGO was set to Tree.', flush=True)
+      'ncclBfloat16. NCCL_ALGO was set to Tree.', file=sys.stderr, flush=True)
 """
-subprocess.Popen([sys.executable, "-c", CHILD])
+child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE)
+child.stdout.readline()
 print("scheduler died during init, exiting", flush=True)
 sys.exit(1)
 '''

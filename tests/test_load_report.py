@@ -7,18 +7,19 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.findings.load import break_even, break_even_metrics, concurrency_levels, curve, front_of, load_section
-from sweeps.load_objective import incumbent_rate, mlflow_metric_keys, with_incumbent
-from sweeps.objective import ObjectiveSet
-from sweeps.report_load import curves_figure, pareto_figure, speedup_figure, write_load_plots
+from sweeps.config.objective import ObjectiveSet
+from sweeps.config.spec import load_spec
+from sweeps.publish.findings.load import break_even, break_even_metrics, concurrency_levels, curve, front_of, load_section
+from sweeps.publish.plots_load import curves_figure, pareto_figure, speedup_figure, write_load_plots
+from sweeps.search.load_objective import incumbent_rate, with_incumbent
+from sweeps.store import records as trial_records
 from tasks.types import BenchSpec, LoadSearchSpec
 from tests.conftest import compose_cfg
 
 
 def _rec(n, params, metrics, baseline=False, status="ok"):
-    return R.TrialRecord(number=n, state="COMPLETE", params=params, status=status, metrics=metrics, is_baseline=baseline)
+    return trial_records.TrialRecord(number=n, state="COMPLETE", params=params, status=status, metrics=metrics,
+                                     is_baseline=baseline)
 
 
 def _curve(levels):
@@ -37,10 +38,11 @@ CONC_EAGLE = {"output_tok_s_c1": 150.0, "output_tok_s_c4": 420.0, "output_tok_s_
 
 def records():
     return [
-        _rec(0, PLAIN, {"max_rate_at_slo_req_s": 2.6, **_curve([(2.0, 500, 40, True), (2.6, 560, 46, True),
-                                                                (3.3, 900, 60, False)]), **CONC_BASE,
+        _rec(0, PLAIN, {"max_rate_at_slo_req_s": 2.6, "max_rate_at_slo_bracket_rel": 0.27,
+                        **_curve([(2.0, 500, 40, True), (2.6, 560, 46, True), (3.3, 900, 60, False)]), **CONC_BASE,
                         "output_tok_s_per_gpu": 110.0, "tok_s_per_user": 40.0}, baseline=True),
-        _rec(1, EAGLE, {"max_rate_at_slo_req_s": 0.0, **_curve([(2.6, 560, 74, False)]), **CONC_EAGLE,
+        _rec(1, EAGLE, {"max_rate_at_slo_req_s_upper": 2.6, "max_rate_at_slo_req_s_censored": 1.0,
+                        **_curve([(2.6, 560, 74, False)]), **CONC_EAGLE,
                         "output_tok_s_per_gpu": 70.0, "tok_s_per_user": 60.0}),
         _rec(2, {**PLAIN, "cuda_graph_max_bs": 8}, {"output_tok_s_per_gpu": 100.0, "tok_s_per_user": 35.0}),
         _rec(3, {**PLAIN, "allreduce": "custom"}, {}, status="failed"),
@@ -52,7 +54,7 @@ def test_shipped_goodput_and_pareto_sweeps_validate():
     b = spec.bench_spec()
     assert spec.sweep.objective == "max_rate_at_slo_req_s" and spec.backend.kind == "emulated"
     assert (b.slo.ttft_ms_p99, b.slo.tpot_ms_p99) == (2000.0, 50.0)
-    assert b.load_search.max_levels <= 6 and b.workload["dataset"]["format"] == "jsonl"
+    assert b.load_search.max_levels <= 7 and b.workload["dataset"]["format"] == "jsonl"
     assert "eagle_num_draft_tokens" in spec.sweep.params and spec.sweep.budget.trials >= 5
     pf = load_spec(compose_cfg(["sweep=pareto_tput_latency"]))
     assert pf.objective_set.multi and pf.backend.kind == "instant"
@@ -61,7 +63,7 @@ def test_shipped_goodput_and_pareto_sweeps_validate():
 
 def test_bad_workload_is_named_at_config_time():
     with pytest.raises(ValueError) as e:
-        load_spec(compose_cfg(["sweep=goodput_slo", "bench.workload.num_requests=0", "bench.load_search.max_levels=9"]))
+        load_spec(compose_cfg(["sweep=goodput_slo", "bench.workload.num_requests=0", "bench.load_search.max_levels=11"]))
     assert "bench.workload.num_requests" in str(e.value) and "bench.load_search.max_levels" in str(e.value)
 
 
@@ -116,12 +118,58 @@ def test_plots_exist_with_axis_labels(tmp_path):
 
 
 def test_incumbent_and_mlflow_keys():
+    from tasks.trial_load import load_metric_names
+
     recs = records()
     assert incumbent_rate(recs) == 2.6 and incumbent_rate(recs[1:]) is None
     bench = BenchSpec(workload={"num_requests": 4}, load_search=LoadSearchSpec(1.0, 8.0, max_levels=3))
     objs = ObjectiveSet.from_config("max_rate_at_slo_req_s")
     assert with_incumbent(bench, lambda: recs, objs).incumbent_rate == 2.6
     assert with_incumbent(bench, lambda: recs, ObjectiveSet.from_config("decode_tok_s")).incumbent_rate is None
-    keys = mlflow_metric_keys(bench)
+    keys = load_metric_names(bench)  # what a load-search trial adds (all of it reaches MLflow)
     assert {"max_rate_at_slo_req_s", "goodput_req_s", "ttft_ms_p99", "tpot_ms_p99", "load_rate_req_s_L2"} <= keys
     assert all("@" not in k for k in keys)  # MLflow rejects '@' in metric names
+
+
+def test_censored_rate_reads_as_bounds_everywhere():
+    """A trial whose load search stopped at the incumbent's rate: the findings, the run name,
+    the MLflow tag and Optuna see ``< 2.60 req/s`` (an upper bound, infeasible), never 0.0."""
+    from sweeps.config.objective import Objective
+    from sweeps.search.load_objective import derived
+    from sweeps.store import study as study_store
+    from sweeps.store.tracking import run_label
+
+    recs = records()
+    text = "\n".join(load_section(None, recs))
+    row1 = next(line for line in text.splitlines() if line.startswith("| t1 |"))
+    assert "< 2.60 req/s" in row1 and "0.00" not in row1.split("|")[3]
+    assert "| 27.0 % |" in next(line for line in text.splitlines() if line.startswith("| t0 |"))
+    obj = Objective("max_rate_at_slo_req_s", "maximize")
+    assert run_label(recs[1], obj).endswith("· max_rate_at_slo_req_s < 2.60 req/s")
+    assert trial_records.value_of(recs[1], obj) is None  # never ranked, never in the ANOVA
+    objs = ObjectiveSet.from_config("max_rate_at_slo_req_s")
+    v = study_store.verdict_for("ok", metrics=recs[1].metrics, objectives=objs)
+    assert v.state == optuna.trial.TrialState.COMPLETE and v.values == (2.6,) and v.constraint == 1.0
+    assert study_store.verdict_for("ok", metrics={"ttft_ms_p99": 1.0}, objectives=objs) is study_store.IGNORED
+    spec = load_spec(compose_cfg(["sweep=goodput_slo"]))
+    assert "max_rate_at_slo_req_s" not in derived(recs[1].metrics, spec)  # censored is not missing
+    fig = curves_figure(recs)
+    assert any("(< 2.60 req/s)" in t.get_text() for t in fig.axes[1].get_legend().get_texts())
+
+
+def test_console_summary_lists_a_censored_rate_by_its_bound(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from sweeps.config.objective import Objective
+    from sweeps.run.progress import Progress
+
+    buf = io.StringIO()
+    p = Progress("goodput_slo", 12, console=Console(file=buf, width=200),
+                 objective=Objective("max_rate_at_slo_req_s", "maximize"))
+    recs = records()
+    p.summary(recs, recs[0], 2.6, None, tmp_path / "f.md")
+    out = buf.getvalue()
+    row = next(line for line in out.splitlines() if "eagle3" in line)
+    assert "< 2.60 req/s" in row and "0.0 " not in row

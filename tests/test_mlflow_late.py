@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-import sweeps.tracking as tracking
-from sweeps.config import load_spec
-from sweeps.inprocess import run_in_process
+import sweeps.store.tracking as tracking
+from sweeps.app.inprocess import run_in_process
+from sweeps.config.spec import load_spec
 from tests.conftest import compose_cfg
 
 
@@ -32,9 +32,9 @@ def test_tracker_reopened_when_mlflow_comes_back(tmp_path, monkeypatch):
     runs = c.search_runs([exp.experiment_id], max_results=500)
     keys = [r.data.tags["trial_key"] for r in runs if "trial_key" in r.data.tags]
     # one run per finished LAUNCHED trial; skipped proposals are counts on the parent, not runs
-    from sweeps import records as R
+    from sweeps.store import records
 
-    launched = [r for r in R.load_records(drv.study) if r.launched and r.state not in ("RUNNING", "WAITING")]
+    launched = [r for r in records.load_records(drv.study) if r.launched and r.state not in ("RUNNING", "WAITING")]
     assert launched
     assert len(keys) == len(set(keys)) == len(launched)
     assert set(keys) == {f"{drv.study_name}/{r.number}" for r in launched}

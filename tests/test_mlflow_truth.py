@@ -17,9 +17,9 @@ import io
 import httpx
 import pytest
 
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.inprocess import run_in_process
+from sweeps.app.inprocess import run_in_process
+from sweeps.config.spec import load_spec
+from sweeps.store import records
 from tests.conftest import compose_cfg
 from tests.test_tracking_server import MlflowServer, _free_port
 
@@ -55,7 +55,7 @@ def swept(tmp_path_factory):
 
 def test_child_runs_are_the_launched_trials(swept):
     drv, _, _, runs = swept
-    recs = R.load_records(drv.study)
+    recs = records.load_records(drv.study)
     launched = [r for r in recs if r.launched]
     parent = next(x for x in runs if _tags(x).get("servesweep.role") == "study")
     pid = parent["info"]["run_id"]
@@ -97,7 +97,7 @@ def test_a_probe_is_a_run_nested_under_its_trial(swept):
 
 def test_skipped_proposals_are_counted_on_the_parent(swept):
     drv, _, server, runs = swept
-    recs = R.load_records(drv.study)
+    recs = records.load_records(drv.study)
     skipped = [r for r in recs if not r.launched]
     parent = next(x for x in runs if _tags(x).get("servesweep.role") == "study")
     m = _metrics(parent)
@@ -128,11 +128,14 @@ def test_parent_carries_the_confirmed_winner_and_the_final_findings(swept):
     assert _tags(best)["trial_number"] == str(winner)
     assert t["best_launch_command"].startswith("python -m sglang.launch_server --model-path ")
     assert "tasks.emulator" not in t["best_launch_command"] and "--port 30000" in t["best_launch_command"]
-    # the findings artifact is the final document (written after the confirmation), byte for byte
+    # the findings artifact is the final document (written after the confirmation), byte for byte,
+    # without the marker comments MLflow's artifact view would show as text
+    from sweeps.publish.findings.document import without_markers
+
     got = httpx.get(f"{server.url}/get-artifact", params={"path": "smoke.md", "run_uuid": parent["info"]["run_id"]},
                     timeout=30)
     assert got.status_code == 200
-    assert got.content == spec.findings_path.read_bytes()
+    assert got.text == without_markers(spec.findings_path.read_text()) and "<!-- servesweep" not in got.text
     summary = httpx.get(f"{server.url}/get-artifact", params={"path": "summary.txt", "run_uuid": parent["info"]["run_id"]},
                         timeout=30)
     assert "sglang.launch_server" in summary.text and "emulated 8×RTX PRO 6000" in summary.text
@@ -200,7 +203,7 @@ def test_real_driver_emulated_smoke_through_ray_reads_back_true(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "python -m sglang.launch_server --model-path" in r.stdout
     study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}")
-    recs = R.load_records(study)
+    recs = records.load_records(study)
     server = MlflowServer(store, _free_port())  # serves the sweep's own store (file:// artifacts under it)
     server.start()
     try:
@@ -218,6 +221,8 @@ def test_real_driver_emulated_smoke_through_ray_reads_back_true(tmp_path):
         assert "confirmed_decode_tok_s" in _metrics(parent) and "confirmed_decode_tok_s_ci_low" in _metrics(parent)
         got = httpx.get(f"{server.url}/get-artifact", params={"path": "smoke.md", "run_uuid": parent["info"]["run_id"]},
                         timeout=30)
-        assert got.content == (store / "findings" / "smoke.md").read_bytes()
+        from sweeps.publish.findings.document import without_markers
+
+        assert got.text == without_markers((store / "findings" / "smoke.md").read_text())  # what a viewer shows
     finally:
         server.stop()

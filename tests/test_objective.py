@@ -13,12 +13,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
-from sweeps import records as R
-from sweeps import study as S
-from sweeps.config import ConfigError, load_spec
-from sweeps.confirm import candidates, summarize
-from sweeps.inprocess import run_in_process
-from sweeps.objective import MetricConstraint, Objective, ObjectiveSet
+from sweeps.app.inprocess import run_in_process
+from sweeps.config.objective import MetricConstraint, Objective, ObjectiveSet
+from sweeps.config.spec import ConfigError, load_spec
+from sweeps.search.confirm import candidates, summarize
+from sweeps.store import records
+from sweeps.store import study as study_store
 from tasks.types import TrialResult
 from tests.conftest import REPO, compose_cfg
 
@@ -55,7 +55,7 @@ def test_best_run_follows_objective_and_direction(tmp_path, metric, direction):
     assert drv.study.direction.name == direction.upper()
     # Optuna was told the objective's metric, nothing else
     for t in drv.study.get_trials(states=(TrialState.COMPLETE,)):
-        assert t.value == pytest.approx(R.record_from_trial(t).metrics[metric])
+        assert t.value == pytest.approx(records.record_from_trial(t).metrics[metric])
     parent, kids = _children(spec, "smoke")
     ok = _eligible(kids, metric)
     assert len(ok) >= 3
@@ -64,16 +64,17 @@ def test_best_run_follows_objective_and_direction(tmp_path, metric, direction):
     assert parent.data.tags["best_run"] == want.info.run_id
     assert parent.data.metrics[f"best_{metric}"] == pytest.approx(want.data.metrics[metric])
     # the speedup is the objective's improvement ratio (> 1 = better in the chosen direction)
-    recs = R.load_records(drv.study)
-    base = R.baseline_value(recs, spec.objective_set)
+    recs = records.load_records(drv.study)
+    base = records.baseline_value(recs, spec.objective_set)
     for r in recs:
-        v = R.value_of(r, spec.objective_set)
+        v = records.value_of(r, spec.objective_set)
         if v is not None and base and "speedup_vs_baseline" in r.metrics:
             exp = v / base if direction == "maximize" else base / v
             assert r.metrics["speedup_vs_baseline"] == pytest.approx(exp)
-    assert R.best_record(recs, spec.objective_set).number == int(parent.data.tags["best_trial"])
+    assert records.best_record(recs, spec.objective_set).number == int(parent.data.tags["best_trial"])
 
 
+@pytest.mark.slow  # > 10 s on 2 idle cores (CI's durations): make test-slow runs it
 def test_cli_minimize_output_tok_s_names_the_slowest_child(tmp_path):
     """The issue's command (with a smaller budget): ranked and reported by the lowest output_tok_s."""
     store = tmp_path / "store"
@@ -97,14 +98,14 @@ def test_constraint_violators_are_never_best_and_told_infeasible(tmp_path):
     spec0 = _spec(tmp_path / "a", [])
     drv0 = run_in_process(spec0)
     # measured trials (a level whose probe showed it silently falls back ends ok without a benchmark)
-    ttfts = sorted(r.metrics["ttft_ms_p50"] for r in R.load_records(drv0.study) if "ttft_ms_p50" in r.metrics)
+    ttfts = sorted(r.metrics["ttft_ms_p50"] for r in records.load_records(drv0.study) if "ttft_ms_p50" in r.metrics)
     bound = ttfts[len(ttfts) // 2]
     spec = _spec(tmp_path / "b", [f"sweep.objective_constraints=['ttft_ms_p50 < {bound}']"])
     drv = run_in_process(spec)
-    recs = R.load_records(drv.study)
+    recs = records.load_records(drv.study)
     violators = {r.number for r in recs if r.status == "ok" and r.metrics.get("ttft_ms_p50", -1) >= bound}
     assert violators
-    best = R.best_record(recs, spec.objective_set)
+    best = records.best_record(recs, spec.objective_set)
     assert best is not None and best.number not in violators and best.metrics["ttft_ms_p50"] < bound
     for t in drv.study.get_trials(states=(TrialState.COMPLETE,)):
         if t.number in violators and t.user_attrs.get("duplicate_of") is None:
@@ -112,7 +113,7 @@ def test_constraint_violators_are_never_best_and_told_infeasible(tmp_path):
     top, _ = candidates(recs, 10, spec.objective_set)
     assert not {r.number for r in top} & violators
     # unconstrained, the top decode trial is among the violators' peers: the constraint mattered
-    assert R.best_record(recs).metrics["decode_tok_s"] >= best.metrics["decode_tok_s"]
+    assert records.best_record(recs).metrics["decode_tok_s"] >= best.metrics["decode_tok_s"]
 
 
 def test_config_errors_name_the_field(tmp_path):
@@ -131,23 +132,23 @@ def test_multi_objective_fits_the_types(tmp_path):
     objs = spec.objective_set
     assert objs.multi and objs.directions == ["maximize", "minimize"]
     spec.store_dir.mkdir(parents=True)
-    study = S.open_study(spec)
+    study = study_store.open_study(spec)
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     t = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
-    v = S.verdict_for("ok", metrics={"output_tok_s": 90.0, "ttft_ms_p50": 80.0, "itl_ms_p99": 12.0}, objectives=objs)
+    v = study_store.verdict_for("ok", metrics={"output_tok_s": 90.0, "ttft_ms_p50": 80.0, "itl_ms_p99": 12.0}, objectives=objs)
     assert v.state == TrialState.COMPLETE and v.values == (90.0, 80.0) and v.constraint == 0.0
-    S.tell(study, t, v)
+    study_store.tell(study, t, v)
     done = study.get_trials(states=(TrialState.COMPLETE,))
     assert done[0].values == [90.0, 80.0] and done[0].constraints["feasible"] == 0.0
-    bad = S.verdict_for("ok", metrics={"output_tok_s": 90.0, "ttft_ms_p50": 80.0, "itl_ms_p99": 1500.0},
+    bad = study_store.verdict_for("ok", metrics={"output_tok_s": 90.0, "ttft_ms_p50": 80.0, "itl_ms_p99": 1500.0},
                         objectives=objs)
     assert bad.constraint == pytest.approx(500.0)
-    assert S.verdict_for("ok", metrics={"output_tok_s": 90.0}, objectives=objs) == S.IGNORED
+    assert study_store.verdict_for("ok", metrics={"output_tok_s": 90.0}, objectives=objs) == study_store.IGNORED
 
 
 def test_confirmation_ranks_by_the_objective():
     obj = Objective("ttft_ms_p50", "minimize")
-    mk = lambda n, v, b=False: R.TrialRecord(n, "COMPLETE", {"cuda_graph_max_bs": n}, "ok",  # noqa: E731
+    mk = lambda n, v, b=False: records.TrialRecord(n, "COMPLETE", {"cuda_graph_max_bs": n}, "ok",  # noqa: E731
                                              {"ttft_ms_p50": v, "decode_tok_s": 100.0 - v}, is_baseline=b)
     base, fast, slow = mk(0, 90.0, True), mk(1, 60.0), mk(2, 80.0)
     top, b = candidates([base, fast, slow], 2, obj)
@@ -174,7 +175,7 @@ def test_confirmation_ranks_by_the_objective():
 
 
 def test_study_identity_refuses_another_setup_and_old_studies_adopt_it(tmp_path):
-    from sweeps.study import IDENTITY_ATTR, SweepError, open_study
+    from sweeps.store.study import IDENTITY_ATTR, SweepError, open_study
 
     spec = _spec(tmp_path, [])
     spec.store_dir.mkdir(parents=True)
@@ -214,25 +215,25 @@ def test_findings_written_by_the_sweep_carry_its_confirmation(tmp_path):
     assert f"t{conf['winner']}" in text.split("### Confirmation", 1)[1]
 
 
-def test_a_reconfirmation_draws_fresh_measurements(tmp_path):
-    """Every launch draws its own run-to-run noise: confirming again with more repeats measures
-    anew instead of replaying the first round's numbers."""
-    from sweeps.confirm import confirm_top
+def test_a_reconfirmation_adds_fresh_measurements(tmp_path):
+    """Repeats accumulate: confirming again with more repeats keeps the first round's values and
+    adds launches of its own, each drawing its own run-to-run noise."""
+    from sweeps.search.confirm import confirm_top
 
     spec = _spec(tmp_path, ["sweep.confirm.top_k=1", "sweep.confirm.repeats=3"])
     drv = run_in_process(spec)
     first = {e["trial"]: e["values"] for e in drv.study.user_attrs["confirmation"]["entries"]}
-    again = confirm_top(drv, k=1, repeats=4)
+    again = confirm_top(drv, k=1, repeats=4, max_repeats=4)
     second = {e["trial"]: e["values"] for e in again["entries"]}
     assert first.keys() == second.keys()
     for t in first:
-        assert second[t][:3] != first[t], (t, first[t], second[t])
-        assert len(set(second[t])) == len(second[t])  # repeats differ within a round too
+        assert second[t][:3] == first[t] and len(second[t]) == 4, (t, first[t], second[t])
+        assert len(set(second[t])) == len(second[t])  # repeats differ, within and across rounds
 
 
 @pytest.mark.parametrize("override", ["sweep.objective=nonsense_metric",
                                       "sweep.objective_constraints=['bogus_metric <= 3']"])
-def test_a_metric_no_trial_logs_stops_the_sweep_at_the_first_result(tmp_path, override):
+def test_a_metric_no_trial_logs_is_refused_before_the_sweep_starts(tmp_path, override):
     store = tmp_path / "store"
     args = [*FAST, override, f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]
     r = subprocess.run([sys.executable, str(REPO / "run_sweep.py"), *args], capture_output=True, text=True,
@@ -242,16 +243,12 @@ def test_a_metric_no_trial_logs_stops_the_sweep_at_the_first_result(tmp_path, ov
     assert "is not a metric this sweep's trials log" in r.stderr and name in r.stderr, r.stderr[-2000:]
     assert "decode_tok_s" in r.stderr  # the message lists what trials do log
     assert "Traceback" not in r.stderr
-    # nothing was ranked by the misspelled metric: the fixed command resumes the same study
-    fixed = [a for a in args if a != override]
-    r = subprocess.run([sys.executable, str(REPO / "run_sweep.py"), *fixed], capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=str(tmp_path))
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "no trial was ranked by the old one" in r.stdout + r.stderr
+    assert "nothing was started" in r.stderr
+    assert not (store / "optuna.db").exists()  # refused with the config: no study was created
 
 
 def test_a_study_nothing_was_ranked_in_takes_a_new_objective(tmp_path):
-    from sweeps.study import IDENTITY_ATTR, SweepError, open_study
+    from sweeps.store.study import IDENTITY_ATTR, SweepError, open_study
 
     spec = _spec(tmp_path, [])
     spec.store_dir.mkdir(parents=True)

@@ -19,13 +19,13 @@ import pytest
 import sqlalchemy as sa
 from mlflow.exceptions import MlflowException, get_error_code
 
-from sweeps import lease as L
-from sweeps import mlflow_access as M
-from sweeps import ownership
-from sweeps.config import load_spec
-from sweeps.inprocess import InProcessDriver, run_in_process
-from sweeps.lifecycle import execute
-from sweeps.study import SweepError
+from sweeps.app.inprocess import InProcessDriver, run_in_process
+from sweeps.app.lifecycle import execute
+from sweeps.config.spec import load_spec
+from sweeps.run import ownership
+from sweeps.store import lease as study_lease
+from sweeps.store import mlflow_access
+from sweeps.store.study import SweepError
 from tests.conftest import compose_cfg
 
 
@@ -43,36 +43,36 @@ def test_a_second_driver_from_another_store_is_refused_before_writing(tmp_path):
     try:
         n_trials = len(a.study.trials)
         b = InProcessDriver(_spec(tmp_path / "b", storage), "shared")
-        with pytest.raises(L.LeaseHeld) as e:
+        with pytest.raises(study_lease.LeaseHeld) as e:
             execute(b)  # the file lock of b's store dir is free: only the lease stops it
         assert isinstance(e.value, ownership.REFUSALS)
         assert " since " in str(e.value) and "pid " in str(e.value)
         assert not hasattr(b, "study") and not hasattr(b, "executor")  # refused before Ray, the study, MLflow
         assert len(optuna.load_study(study_name="shared", storage=storage).trials) == n_trials
-        assert L.StudyLease(storage, "shared").holder().holder_id == a.hold.lease.holder_id  # a's lease intact
+        assert study_lease.StudyLease(storage, "shared").holder().holder_id == a.hold.lease.holder_id  # a's lease intact
     finally:
         a.release()
-    assert L.StudyLease(storage, "shared").holder() is None
+    assert study_lease.StudyLease(storage, "shared").holder() is None
 
 
 def test_a_finished_sweep_releases_its_lease(tmp_path):
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     drv = run_in_process(_spec(tmp_path / "a", storage, trials=2), "shared")
-    assert drv.launched == 2 and L.StudyLease(storage, "shared").holder() is None
+    assert drv.launched == 2 and study_lease.StudyLease(storage, "shared").holder() is None
     again = run_in_process(_spec(tmp_path / "b", storage, trials=3), "shared")  # another store dir resumes it
     assert again.launched == 3
 
 
 def test_a_driver_that_loses_its_lease_stops_without_writing(tmp_path, monkeypatch):
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
-    monkeypatch.setattr(ownership, "StudyLease", functools.partial(L.StudyLease, ttl_s=0.6))  # renewed every 0.15 s
+    monkeypatch.setattr(ownership, "StudyLease", functools.partial(study_lease.StudyLease, ttl_s=0.6))  # renewed every 0.15 s
     engine = sa.create_engine(storage)
     taken = []
 
     def take_over(args):
         if args[0].trial_number == 1 and not taken:  # what another driver's takeover does to the row
             with engine.begin() as c:
-                c.execute(sa.text(f"UPDATE {L.TABLE} SET holder_id = 'other' WHERE study_name = 'shared'"))
+                c.execute(sa.text(f"UPDATE {study_lease.TABLE} SET holder_id = 'other' WHERE study_name = 'shared'"))
             taken.append(time.monotonic())
             time.sleep(0.6)  # the keeper notices at its next renewal
         return None
@@ -84,7 +84,7 @@ def test_a_driver_that_loses_its_lease_stops_without_writing(tmp_path, monkeypat
     assert trials[0].state.is_finished() and trials[1].state == optuna.trial.TrialState.RUNNING
     assert "record" not in trials[1].user_attrs and "status" not in trials[1].user_attrs
     with engine.connect() as c:  # the new holder's row is left alone
-        assert c.execute(sa.text(f"SELECT holder_id FROM {L.TABLE}")).scalar_one() == "other"
+        assert c.execute(sa.text(f"SELECT holder_id FROM {study_lease.TABLE}")).scalar_one() == "other"
     engine.dispose()
 
 
@@ -100,20 +100,20 @@ def test_http_tracking_sends_artifacts_through_the_server(tmp_path):
 
 def test_401_403_are_refusals_and_an_outage_is_not(monkeypatch, caplog):
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "reader")
-    for k, v in M.HTTP_ENV.items():  # what check_access sets, restored after the test
+    for k, v in mlflow_access.HTTP_ENV.items():  # what check_access sets, restored after the test
         monkeypatch.setenv(k, v)
     body = "API request to endpoint /api/2.0/mlflow/experiments/set-experiment-tag failed with error code 403 != 200."
     # what MLflow's REST client raises for a 403 / 401 (mlflow.utils.rest_utils: get_error_code(status))
-    assert M.denied_status(MlflowException(body, error_code=get_error_code(403))) == 403
-    assert M.denied_status(MlflowException("x", error_code=get_error_code(401))) == 401
-    assert M.denied_status(RuntimeError(body)) == 403
-    assert M.denied_status(ConnectionError("Connection refused")) is None
-    msg = M.denied_message(403, "http://mlflow:5000", "smoke")
+    assert mlflow_access.denied_status(MlflowException(body, error_code=get_error_code(403))) == 403
+    assert mlflow_access.denied_status(MlflowException("x", error_code=get_error_code(401))) == 401
+    assert mlflow_access.denied_status(RuntimeError(body)) == 403
+    assert mlflow_access.denied_status(ConnectionError("Connection refused")) is None
+    msg = mlflow_access.denied_message(403, "http://mlflow:5000", "smoke")
     assert "'smoke'" in msg and "EDIT" in msg and "reader" in msg
-    assert "MLFLOW_TRACKING_PASSWORD" in M.denied_message(401, "http://mlflow:5000", "smoke")
-    M.check_access("sqlite:///x.db", "smoke")  # local stores have no permissions: nothing asked
+    assert "MLFLOW_TRACKING_PASSWORD" in mlflow_access.denied_message(401, "http://mlflow:5000", "smoke")
+    mlflow_access.check_access("sqlite:///x.db", "smoke")  # local stores have no permissions: nothing asked
     with caplog.at_level(logging.WARNING, logger="servesweep.tracking"):
-        M.check_access("http://127.0.0.1:9", "smoke")  # nothing listens on port 9: an outage, not a refusal
+        mlflow_access.check_access("http://127.0.0.1:9", "smoke")  # nothing listens on port 9: an outage, not a refusal
     assert "unreachable" in caplog.text
 
 
@@ -153,16 +153,16 @@ def _serving(handler):
 def test_a_server_without_mlflow_is_refused_before_anything_is_created(kind, tmp_path, monkeypatch):
     """A ``tracking.uri`` naming another HTTP service answers, but not as MLflow's REST API:
     a configuration error (exit 2, nothing recorded), not an outage to wait out."""
-    for k, v in M.HTTP_ENV.items():
+    for k, v in mlflow_access.HTTP_ENV.items():
         monkeypatch.setenv(k, v)
     handler = http.server.SimpleHTTPRequestHandler if kind == "static" else type(kind, (_NotMlflow,), {"kind": kind})
     with _serving(handler) as port:
         uri = f"http://127.0.0.1:{port}"
-        with pytest.raises(M.NotMlflow, match="not as an MLflow tracking server"):
-            M.check_access(uri, "smoke")
+        with pytest.raises(mlflow_access.NotMlflow, match="not as an MLflow tracking server"):
+            mlflow_access.check_access(uri, "smoke")
         drv = InProcessDriver(_spec(tmp_path / "store", f"sqlite:///{tmp_path}/optuna.db",
                                     extra=[f"tracking.uri={uri}"]), "shared", track=True)
-        with pytest.raises(M.NotMlflow) as e:
+        with pytest.raises(mlflow_access.NotMlflow) as e:
             execute(drv)
         assert isinstance(e.value, ownership.REFUSALS)  # the driver's exit 2
         assert not hasattr(drv, "study")  # refused before the study and the parent run exist
@@ -170,16 +170,16 @@ def test_a_server_without_mlflow_is_refused_before_anything_is_created(kind, tmp
 
 def test_tls_against_a_plain_http_port_is_a_wrong_scheme(monkeypatch):
     with _serving(http.server.SimpleHTTPRequestHandler) as port:
-        why = M.api_mismatch(f"https://127.0.0.1:{port}", "smoke", timeout_s=5)
+        why = mlflow_access.api_mismatch(f"https://127.0.0.1:{port}", "smoke", timeout_s=5)
     assert why is not None and "TLS handshake failed" in why and "scheme" in why
-    assert M.api_mismatch("http://127.0.0.1:9", "smoke", timeout_s=2) is None  # nothing listens: an outage
+    assert mlflow_access.api_mismatch("http://127.0.0.1:9", "smoke", timeout_s=2) is None  # nothing listens: an outage
 
 
 def test_a_local_artifact_location_under_a_server_is_warned_about(caplog):
     exp = SimpleNamespace(name="smoke", artifact_location="file:///home/a/servesweep/mlflow/artifacts")
     with caplog.at_level(logging.WARNING, logger="servesweep.tracking"):
-        assert M.warn_local_artifacts(exp, "http://mlflow:5000")
+        assert mlflow_access.warn_local_artifacts(exp, "http://mlflow:5000")
     assert "never changes" in caplog.text and "sweep.name=" in caplog.text
-    assert not M.warn_local_artifacts(exp, "sqlite:///x.db")
-    assert not M.warn_local_artifacts(SimpleNamespace(name="s", artifact_location="mlflow-artifacts:/s"),
+    assert not mlflow_access.warn_local_artifacts(exp, "sqlite:///x.db")
+    assert not mlflow_access.warn_local_artifacts(SimpleNamespace(name="s", artifact_location="mlflow-artifacts:/s"),
                                       "http://mlflow:5000")

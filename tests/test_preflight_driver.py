@@ -38,6 +38,7 @@ def test_sglang_backend_without_sglang_exits_2_naming_the_engine(tmp_path):
     _nothing_recorded(tmp_path)
 
 
+@pytest.mark.slow  # > 10 s on 2 idle cores (CI's durations): make test-slow runs it
 @pytest.mark.skipif(not CONTRACT_PY.exists(), reason="contract venv (SGLang's parser) missing: make contract-env")
 def test_gpu_node_without_nvml_exits_2_naming_the_node(tmp_path):
     # SGLang imports in the contract venv, so the engine check passes and the GPU check is what stops it
@@ -47,6 +48,7 @@ def test_gpu_node_without_nvml_exits_2_naming_the_node(tmp_path):
     _nothing_recorded(tmp_path)
 
 
+@pytest.mark.slow  # > 10 s on 2 idle cores (CI's durations): make test-slow runs it
 def test_vllm_model_path_that_does_not_exist_exits_2_naming_model_path(tmp_path):
     r = _sweep(tmp_path, "backend=vllm", "node=local_cpu", "model=tiny_llama", "sweep=cpu_real",
                "model.path=/nonexistent")

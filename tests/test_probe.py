@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks import probe, sglang_cli
+from tasks import probe
+from tasks.backends.sglang import cli as sglang_cli
 from tasks.failures import KIND
 from tasks.probe import EAGLE3_MIN_LAYERS, parse_probe, probe_argv, probe_classes, probe_layers
 
@@ -52,7 +53,11 @@ def test_every_canonical_class_is_listed_exactly_once():
     assert len(canonical) == len(set(canonical)) >= 30
     pc = probe_classes()
     listed = list(pc.revealable) + list(pc.not_revealable)
-    assert sorted(listed) == sorted(canonical) == sorted(KIND)
+    from tasks.failure_signatures import TABLES
+
+    assert sorted(listed) == sorted(KIND) == sorted([*canonical, *TABLES.added])
+    for cls, added in TABLES.added.items():  # the added classes' probe group, as their table row says
+        assert pc.reveals(cls) is (added["probe"] == "revealable"), cls
     assert not set(pc.revealable) & set(pc.not_revealable)
 
 
@@ -210,6 +215,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # > 10 s on 2 idle cores (CI's durations): make test-slow runs it
 @pytest.mark.contract
 def test_vllm_0_32_parser_accepts_probe_argvs():
     if not VLLM_PY.exists():

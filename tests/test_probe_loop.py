@@ -1,19 +1,19 @@
 """Probe launches end to end: the emulator prices and fails probes physically, and the driver
-loop (sweeps/probes.py) turns a revealable probe failure into a dead end at a fraction of a
+loop (sweeps/search/probes.py) turns a revealable probe failure into a dead end at a fraction of a
 full launch, a pass into the full launch, and keeps the probe on the trial."""
 
 from __future__ import annotations
 
 import pytest
 
-from sweeps import probes
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.driver import emulator_profile
-from sweeps.inprocess import InProcessDriver
-from sweeps.rules import RuleStore
+from sweeps.app.driver import emulator_profile
+from sweeps.app.inprocess import InProcessDriver
+from sweeps.config.spec import load_spec
+from sweeps.rules.store import RuleStore
+from sweeps.search import probes
+from sweeps.store import records
+from tasks.backends.sglang.knobs import render_launch
 from tasks.emulator.instant import simulate
-from tasks.knobs import render_launch
 from tasks.probe import probe_argv
 from tests.conftest import compose_cfg
 
@@ -31,7 +31,7 @@ def env():
 
 def _full_and_probe(env, cfg, extra=()):
     spec, prof, node, model = env
-    from sweeps.config import backend_dict
+    from sweeps.config.spec import backend_dict
 
     argv, e, _ = render_launch(cfg, node, model, backend_dict(spec))
     argv = list(argv) + list(extra)
@@ -81,7 +81,7 @@ def test_seed_dead_ends_end_at_their_probe_and_a_pass_launches_in_full(tmp_path)
     # nccl_algo seeded level by level too, so one seed's probe passes (Ring): the 8 seeds
     drv = _campaign_driver(tmp_path, 8, ("sweep.seed_each_level_of=[allreduce,nccl_algo,moe_a2a_backend]",))
     trials = {t.number: t for t in drv.study.get_trials()}
-    recs = {r.number: r for r in R.load_records(drv.study)}
+    recs = {r.number: r for r in records.load_records(drv.study)}
     assert sum(r.launched for r in recs.values()) == 8  # a probe does not spend the trial budget twice
     dead = {n: t.user_attrs["probe"] for n, t in trials.items()
             if (t.user_attrs.get("probe") or {}).get("dead_end") and recs[n].status == "failed"}
@@ -99,10 +99,10 @@ def test_seed_dead_ends_end_at_their_probe_and_a_pass_launches_in_full(tmp_path)
     assert recs[ring].status == "ok" and recs[ring].value
     assert recs[ring].timings["gpu_s"] > p["gpu_s"] > 0  # full launch + its probe
     custom = next(n for n, r in recs.items() if r.params.get("allreduce") == "custom")
-    assert trials[custom].user_attrs["probe"]["dead_end"] and not R.counts_for_level(recs[custom])
+    assert trials[custom].user_attrs["probe"]["dead_end"] and not records.counts_for_level(recs[custom])
     base = next(n for n, r in recs.items() if r.params == {**BASE})
     assert "probe" not in trials[base].user_attrs  # the baseline's levels are never probed
-    assert (R.trial_dir(drv.spec.store_dir, drv.study_name, ring) / "server.probe.log").exists()
+    assert (records.trial_dir(drv.spec.store_dir, drv.study_name, ring) / "server.probe.log").exists()
 
 
 def test_cleared_marker_per_fingerprint(tmp_path):
@@ -114,3 +114,13 @@ def test_cleared_marker_per_fingerprint(tmp_path):
     assert probes.cleared_entries(rules, fp) == {"a", "b"}
     assert probes.cleared_entries(rules, {**fp, "sglang": "0.5.24"}) == set()
     assert rules.list() == []  # a marker is no failure rule
+
+
+def test_a_typo_in_extra_args_makes_no_probed_config_a_dead_end(tmp_path):
+    """One bad flag in ``backend.extra_args`` fails every launch with ``cli_arg_error``, probes
+    included. The cause is the sweep's static config, not the knob values: a probe learns no
+    rule from it, as the full launch learns none, so fixing the flag makes every config launchable."""
+    drv = _campaign_driver(tmp_path, 6, ("+backend.extra_args=[--no-such-flag]",))
+    probed = [t.user_attrs["probe"] for t in drv.study.get_trials() if t.user_attrs.get("probe")]
+    assert probed and all(p["failure_class"] == "cli_arg_error" for p in probed), probed
+    assert [r for r in drv.rules.list() if r.failure_class == "cli_arg_error"] == []

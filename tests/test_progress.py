@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from sweeps.config import load_spec
-from sweeps.inprocess import InProcessDriver
-from sweeps.progress import Progress, eta_s
-from sweeps.records import TrialRecord
+from sweeps.app.inprocess import InProcessDriver
+from sweeps.config.spec import load_spec
+from sweeps.run.progress import Progress, eta_s
+from sweeps.store.records import TrialRecord
 from tests.conftest import compose_cfg
 
 

@@ -1,7 +1,7 @@
 """Every proposal is a config not yet measured; the budget means launches.
 
 When the sampler repeats a finished config or proposes a known dead end, the driver tells
-Optuna (it learns) and launches an untried feasible config drawn by :mod:`sweeps.untried`;
+Optuna (it learns) and launches an untried feasible config drawn by :mod:`sweeps.search.untried`;
 "exhausted" means nothing untried and feasible is left.
 """
 
@@ -11,11 +11,11 @@ from collections import Counter
 
 import pytest
 
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.inprocess import run_in_process
-from sweeps.space import parse_space
-from sweeps.untried import A_UNTRIED, EXHAUSTED, UntriedDraw, distance
+from sweeps.app.inprocess import run_in_process
+from sweeps.config.space import parse_space
+from sweeps.config.spec import load_spec
+from sweeps.search.untried import A_UNTRIED, EXHAUSTED, UntriedDraw, distance
+from sweeps.store import records
 from tests.conftest import compose_cfg
 
 
@@ -25,36 +25,37 @@ def _spec(tmp_path, *extra):
                                   f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]))
 
 
+@pytest.mark.slow  # > 10 s on 2 idle cores (CI's durations): make test-slow runs it
 def test_budget_of_60_launches_60_distinct_configs_on_the_campaign_space(tmp_path):
     drv = run_in_process(_spec(tmp_path, "sweep=eagle3_allreduce", "sweep.budget.trials=60"))
-    recs = R.load_records(drv.study)
+    recs = records.load_records(drv.study)
     launched = [r for r in recs if r.launched]
     assert drv.stop_reason == "trial budget spent (60 launched)"
     assert len(launched) == 60
-    keys = Counter(R.config_key(r.params) for r in launched)
+    keys = Counter(records.config_key(r.params) for r in launched)
     assert len(keys) == 60, [k for k, n in keys.items() if n > 1]
     # the sampler did repeat itself / propose dead ends: those were answered and replaced
     skipped = [r for r in recs if not r.launched]
     assert skipped, "the campaign's TPE never proposed a finished config or a dead end (test proves nothing)"
     drawn = [t for t in drv.study.trials if t.user_attrs.get(A_UNTRIED)]
-    assert drawn and all(R.record_from_trial(t).launched for t in drawn if t.state.is_finished())
+    assert drawn and all(records.record_from_trial(t).launched for t in drawn if t.state.is_finished())
     # a drawn config is never one already measured before it
     seen: set[str] = set()
     for r in sorted(recs, key=lambda r: r.number):
         if r.launched:
-            assert R.config_key(r.params) not in seen, r.number
+            assert records.config_key(r.params) not in seen, r.number
         if r.status in ("ok", "failed"):
-            seen.add(R.config_key(r.params))
+            seen.add(records.config_key(r.params))
 
 
 def test_exhausted_means_nothing_untried_and_feasible_is_left(tmp_path):
     # smoke: 3 allreduce levels x 3 graph sizes; flashinfer_fusion fails on SM120 (a rule then
     # refuses its other sizes) and custom silently degrades to NCCL (its other sizes are skipped)
     drv = run_in_process(_spec(tmp_path, "sweep=smoke", "sweep.budget.trials=20", "sweep.budget.max_asks=500"))
-    recs = R.load_records(drv.study)
+    recs = records.load_records(drv.study)
     launched = [r for r in recs if r.launched]
     assert drv.stop_reason == EXHAUSTED
-    assert len({R.config_key(r.params) for r in launched}) == len(launched) == 5
+    assert len({records.config_key(r.params) for r in launched}) == len(launched) == 5
     assert {r.params["cuda_graph_max_bs"] for r in launched if r.params["allreduce"] == "nccl"} == {64, 128, 512}
 
 
@@ -66,9 +67,9 @@ def test_draw_walks_a_finite_space_once_then_reports_exhaustion():
     got = []
     while (cfg := d.draw(taken, lambda c: c["b"] != 0)) is not None:
         got.append(cfg)
-        taken.add(R.config_key(cfg))
+        taken.add(records.config_key(cfg))
     assert len(got) == 3 * 3 - 1  # b=0 refused, (3, 3) infeasible
-    assert len({R.config_key(c) for c in got}) == len(got)
+    assert len({records.config_key(c) for c in got}) == len(got)
     assert UntriedDraw(space, seed=1).draw(set(), lambda c: True) == UntriedDraw(space, seed=1).draw(set(), lambda c: True)
 
 
@@ -76,7 +77,7 @@ def test_draw_takes_the_untried_config_nearest_the_proposal():
     space = parse_space({"a": {"type": "categorical", "choices": [1, 2, 3]}, "b": {"type": "categorical", "choices": [1, 2, 3]},
                          "c": {"type": "categorical", "choices": [1, 2, 3]}}, [])
     proposal = {"a": 2, "b": 2, "c": 2}
-    taken = {R.config_key(proposal)}
+    taken = {records.config_key(proposal)}
     for seed in range(5):
         got = UntriedDraw(space, seed=seed).draw(taken, lambda c: True, near=proposal)
         assert got is not None and distance(got, proposal) == 1, got  # one knob changed, not a uniform draw

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from sweeps.config import load_spec
-from tasks.bench import RequestRecord
+from sweeps.config.spec import load_spec
+from tasks.backends.sglang.client import RequestRecord
 from tasks.quality import UNSTABLE, tag_quality
 from tests.conftest import compose_cfg
 
 
 def _records(rates):
-    """Single-stream records (as tasks.bench.RequestRecord.to_dict) decoding at ``rates`` tok/s."""
+    """Single-stream records (as tasks.backends.sglang.client.RequestRecord.to_dict) decoding at ``rates`` tok/s."""
     out = []
     for r in rates:
         rec = RequestRecord(t_send=0.0, chunk_times=[0.1 + i / r for i in range(9)], chunk_tokens=list(range(1, 10)),

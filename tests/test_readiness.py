@@ -9,6 +9,7 @@ import time
 import pytest
 from aiohttp import web
 
+from tasks.backends import get_backend
 from tasks.readiness import NotServing, first_generation, is_http_5xx
 from tasks.server import reserve_ports
 
@@ -48,25 +49,25 @@ def server():
 
 def test_503s_are_retried_until_a_generation_is_served(server):
     url, state = server
-    warm = first_generation(url, "sglang", deadline_s=10)
+    warm = first_generation(url, get_backend("sglang").ready_request, deadline_s=10)
     assert state["calls"] == 3 and 0 < warm < 5
 
 
 def test_a_4xx_means_up_and_parsing(server):
     url, state = server
     state["fail"] = 0
-    assert first_generation(url, "vllm", deadline_s=5) < 5 and state["calls"] == 1
+    assert first_generation(url, get_backend("vllm").ready_request, deadline_s=5) < 5 and state["calls"] == 1
 
 
 def test_never_serving_within_the_deadline_is_an_error(server):
     url, state = server
     state["fail"] = 10**6
     with pytest.raises(NotServing, match="HTTP 503"):
-        first_generation(url, "sglang", deadline_s=1.0)
+        first_generation(url, get_backend("sglang").ready_request, deadline_s=1.0)
 
 
 def test_http_5xx_recognised_in_bench_errors():
-    from tasks.bench import BenchError
+    from tasks.backends.sglang.client import BenchError
 
     assert is_http_5xx(BenchError("/generate returned HTTP 503: busy", "http"))
     assert not is_http_5xx(BenchError("/generate returned HTTP 400: bad", "http"))

@@ -2,7 +2,7 @@
 SM120 gains FlashInfer allreduce fusion (fingerprint B); the recheck reports that dead end
 fixed and the others still failing.
 
-The fast tests run the driver's loop in process (``sweeps.inprocess.InProcessDriver``: the
+The fast tests run the driver's loop in process (``sweeps.app.inprocess.InProcessDriver``: the
 real Driver code with Ray replaced by an inline executor, instant backend); the slow one
 runs ``python run_sweep.py sweep=recheck source=...`` end to end (Ray, MLflow)."""
 
@@ -18,9 +18,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweeps.config import load_spec
-from sweeps.inprocess import InProcessDriver, run_in_process
-from sweeps.recheck import (
+from sweeps.app.inprocess import InProcessDriver, run_in_process
+from sweeps.app.recheck import (
     FIXED,
     NEWLY_FAILING,
     NOT_RERUN,
@@ -31,7 +30,8 @@ from sweeps.recheck import (
     recheck,
     recheck_study_name,
 )
-from sweeps.rules import RuleStore, fingerprint_hash
+from sweeps.config.spec import load_spec
+from sweeps.rules.store import RuleStore, fingerprint_hash
 from tests.conftest import REPO, compose_cfg
 
 # The campaign sweep's seeds cover every allreduce level, NCCL algo and MoE A2A backend:
@@ -138,7 +138,7 @@ def test_recheck_reports_a_regression_as_newly_failing(tmp_path_factory):
 def test_unknown_source_is_a_clear_error(tmp_path):
     spec = load_spec(compose_cfg(["backend=instant", "sweep=recheck", "source=nope",
                                   f"tracking.store_dir={tmp_path}", f"tracking.findings_dir={tmp_path / 'f'}"]))
-    from sweeps.driver import SweepError
+    from sweeps.app.driver import SweepError
 
     with pytest.raises(SweepError, match="source='nope': no such study"):
         recheck(spec, _InProcessRecheck)

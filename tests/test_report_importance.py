@@ -8,17 +8,17 @@ import random
 import optuna
 import pytest
 
-from sweeps import records as R
-from sweeps.importance import METHOD, anova_importances, importances, importances_figure, launched_rows
-from sweeps.objective import Objective
-from sweeps.report import write_plots
+from sweeps.config.objective import Objective
+from sweeps.publish.importance import METHOD, anova_importances, importances, importances_figure, launched_rows
+from sweeps.publish.plots import write_plots
+from sweeps.store import records as trial_records
 
 
-def _records(seed: int = 0) -> list[R.TrialRecord]:
+def _records(seed: int = 0) -> list[trial_records.TrialRecord]:
     """speculative: -35 tok/s for eagle3 (the largest effect); cuda_graph_max_bs: +-2; nccl_proto: +-1;
     eagle_topk only with eagle3 (small); plus skips and duplicates that must not count."""
     rng = random.Random(seed)
-    out: list[R.TrialRecord] = []
+    out: list[trial_records.TrialRecord] = []
     n = 0
     for spec in ("none", "eagle3"):
         for bs in (32, 128, 512):
@@ -28,15 +28,16 @@ def _records(seed: int = 0) -> list[R.TrialRecord]:
                     p["eagle_topk"] = rng.choice([1, 2])
                 v = 90.0 - (35.0 if spec == "eagle3" else 0.0) + {32: 2.0, 128: 0.0, 512: -2.0}[bs] \
                     + (1.0 if proto == "LL" else -1.0) + rng.gauss(0, 0.5)
-                out.append(R.TrialRecord(number=n, state="COMPLETE", params=p, status="ok", metrics={"decode_tok_s": v}))
+                out.append(trial_records.TrialRecord(number=n, state="COMPLETE", params=p, status="ok",
+                                                     metrics={"decode_tok_s": v}))
                 n += 1
     best = dict(out[0].params)
     for _ in range(40):  # TPE re-proposing the plain config: duplicates carry its value
-        out.append(R.TrialRecord(number=n, state="COMPLETE", params=best, status="ok",
+        out.append(trial_records.TrialRecord(number=n, state="COMPLETE", params=best, status="ok",
                                  metrics=dict(out[0].metrics), duplicate_of=0))
         n += 1
     for _ in range(30):  # known dead ends: no value, never launched
-        out.append(R.TrialRecord(number=n, state="PRUNED", params={**best, "nccl_proto": "Simple"}, status="skipped",
+        out.append(trial_records.TrialRecord(number=n, state="PRUNED", params={**best, "nccl_proto": "Simple"}, status="skipped",
                                  failure_class="nccl_env_algo_proto_invalid"))
         n += 1
     return out

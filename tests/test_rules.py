@@ -1,4 +1,4 @@
-"""Tests for sweeps.rules: learning, matching, evidence, scoping, fingerprints, concurrency, CLI."""
+"""Tests for sweeps.rules.store: learning, matching, evidence, scoping, fingerprints, concurrency, CLI."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps import sqlite_tuning
-from sweeps.rules import (
+from sweeps.rules.store import (
     DEFAULT_KNOBS_PATH,
     FINGERPRINT_KEYS,
     RuleStore,
@@ -20,7 +19,8 @@ from sweeps.rules import (
     implicated_params,
     load_implicated_knobs,
 )
-from sweeps.sqlite_tuning import use_wal
+from sweeps.store import sqlite as sqlite_tuning
+from sweeps.store.sqlite import use_wal
 from tasks.failures import KIND
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,7 +210,7 @@ def test_in_memory_store():
 
 _WORKER = """
 import sys
-from sweeps.rules import RuleStore
+from sweeps.rules.store import RuleStore
 url, sweep, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 fp = {"gpu_arch": "sm_120", "sglang": "0.5.23"}
 s = RuleStore(url)
@@ -294,8 +294,8 @@ def test_reading_rules_never_waits_for_a_writer(tmp_path):
 
 
 def test_the_rules_cli_reports_a_store_locked_past_its_budget_in_one_line(tmp_path, monkeypatch):
-    from sweeps import rules as rules_mod
-    from sweeps import store_retry
+    from sweeps.rules import store as rules_mod
+    from sweeps.store import retry as store_retry
 
     db = tmp_path / "cli-locked.db"
     monkeypatch.setattr(rules_mod, "BUSY_TIMEOUT_S", 0.2)
@@ -335,6 +335,10 @@ def test_cli_list_explain_forget(tmp_path):
     rows = [line.split("\t") for line in out.stdout.splitlines()]
     assert rows[0][:3] == ["id", "class", "kind"]
     assert rows[1][:5] == [str(r.id), "nccl_env_algo_proto_invalid", "deterministic", "-", "nccl_algo=Tree"]
+    # the evidence columns: how it was learned, its age in studies, last confirmed, status
+    head = dict(zip(rows[0], rows[1], strict=True))
+    assert head["learned"] == "one failed launch" and head["age_studies"] == "1" and head["status"] == "active"
+    assert head["last_confirmed"] == r.last_confirmed != ""
 
     out = _cli("explain", str(r.id), url=url)
     assert out.returncode == 0
@@ -355,7 +359,8 @@ def test_cli_list_shows_shipped_knowledge_for_a_node_apart(tmp_path):
     out = _cli("list", "--node", "rtx_pro_6000x8", url=url)
     assert out.returncode == 0, out.stderr
     learned, shipped = out.stdout.split("\n\n", 1)
-    assert learned.splitlines() == ["id\tclass\tkind\tmodel\tknobs\tevidence\thits\tfingerprint\tscope"]
+    assert learned.splitlines() == ["id\tclass\tkind\tmodel\tknobs\tevidence\thits\tfingerprint\tscope\tlearned\t"
+                                    "age_studies\tlast_confirmed\tstatus"]
     head, cols, *rows = shipped.splitlines()
     assert head.startswith("# shipped (conf/knowledge) for node rtx_pro_6000x8 [") and "gpu_arch=sm_120" in head
     ids = {r.split("\t")[0] for r in rows}
@@ -398,3 +403,36 @@ def test_learn_gives_up_after_three_races(store, monkeypatch):
     monkeypatch.setattr(store, "_upsert", always)
     with pytest.raises(IntegrityError):
         store.learn(FP, MODEL, P(allreduce="torch_symm_mem"), "torch_symm_mem_unsupported", "KeyError: <N>", ev(1))
+
+
+def test_rule_evidence_strengthen_retire_revive(tmp_path):
+    s = RuleStore(f"sqlite:///{tmp_path / 'ev.db'}")
+    r = s.learn(FP, MODEL, P(nccl_algo="Tree"), "nccl_env_algo_proto_invalid", "NCCL_ALGO was set to Tree.",
+                {**ev(1), "probe": True, "shipped": ["nccl_algo_tree_no_allgather"]})
+    assert r.origin == "shipped" and r.learned_how == "shipped" and r.studies == ["s1"] and r.last_confirmed
+    s.record_hit(r.id, "s2")  # a study skipped by it: one study older
+    again = s.learn(FP, MODEL, P(nccl_algo="Tree"), "nccl_env_algo_proto_invalid", "x", ev(5, "s3"))
+    assert again.id == r.id and again.origin == "shipped" and again.learned_how == "repeated (2)"
+    assert again.studies == ["s1", "s2", "s3"] and again.last_confirmed >= r.last_confirmed
+    gone = s.retire(r.id, {"sweep": "s4", "trial_number": 2, "gpu_s": 30.0})
+    assert gone.retired_at and gone.retired_evidence["gpu_s"] == 30.0
+    assert s.match(FP, MODEL, P(nccl_algo="Tree"), record_hit=False) is None
+    assert s.rules_for_fingerprint(FP) == [] and [x.id for x in s.rules_for_fingerprint(FP, retired=True)] == [r.id]
+    back = s.learn(FP, MODEL, P(nccl_algo="Tree"), "nccl_env_algo_proto_invalid", "x", ev(9, "s5"))
+    assert back.retired_at is None and s.match(FP, MODEL, P(nccl_algo="Tree"), record_hit=False) is not None
+    with pytest.raises(ValueError, match="origin"):
+        s.learn(FP, MODEL, P(nccl_algo="Ring"), "nccl_env_algo_proto_invalid", "x", ev(1), origin="guess")
+    s.close()
+
+
+def test_cli_names_the_unknown_node_and_the_unknown_id_without_a_traceback(tmp_path, capsys):
+    import sweeps.rules.store as rules_cli
+
+    db = f"sqlite:///{tmp_path / 'rules.db'}"
+    assert rules_cli.main(["--db", db, "list", "--node", "bogus_node"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--node bogus_node: no such node profile" in err
+    assert "rtx_pro_6000x8" in err  # the profiles that exist are listed
+    assert rules_cli.main(["--db", db, "explain", "999"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("servesweep.rules: no rule 999") and "sweeps.rules list" in err

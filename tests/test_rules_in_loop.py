@@ -5,7 +5,7 @@
   skipped by rule at 0 GPU-seconds (Optuna PRUNED + violated constraint, MLflow tag
   ``skipped_by_rule``), duplicates are answered from the earlier result.
   Once through ``run_sweep.py`` (Ray + MLflow, slow) and once in process
-  (:class:`sweeps.inprocess.InProcessDriver`: the same Driver code, Ray replaced inline).
+  (:class:`sweeps.app.inprocess.InProcessDriver`: the same Driver code, Ray replaced inline).
 - Infrastructure failures are retried and never count against the config; transient
   failures are retried once; the circuit breaker stops a sweep whose recent trials fail
   with infrastructure or unknown classes.
@@ -25,10 +25,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.inprocess import run_in_process
-from sweeps.rules import RuleStore, implicated_params, load_implicated_knobs
+from sweeps.app.inprocess import run_in_process
+from sweeps.config.spec import load_spec
+from sweeps.rules.store import RuleStore, implicated_params, load_implicated_knobs
+from sweeps.store import records
 from tests.conftest import REPO, compose_cfg
 
 CAMPAIGN = ["backend=instant", "sweep=eagle3_allreduce", "sweep.budget.trials=60", "sweep.budget.wall_time_s=null",
@@ -52,31 +52,31 @@ def _stores(store: Path) -> list[str]:
     return [f"tracking.store_dir={store}", f"tracking.findings_dir={store / 'findings'}"]
 
 
-def dead_end_key(r: R.TrialRecord) -> tuple:
+def dead_end_key(r: records.TrialRecord) -> tuple:
     """A failure's distinct dead end: class + the knob values it implicates (conf/failure_knobs.yaml);
     a silently replaced allreduce level is one dead end per level."""
     if r.status == "ok":
-        return (R.DEGRADED, (("allreduce", r.params.get("allreduce")),))
+        return (records.DEGRADED, (("allreduce", r.params.get("allreduce")),))
     knobs = implicated_params(r.failure_class or "unknown", r.params, MAPPING, r.failure_signature)
     return (r.failure_class, tuple(sorted(knobs.items())))
 
 
 def check_campaign(study: optuna.Study, rules: RuleStore, n_launched: int = 60) -> dict[str, float]:
     """The issue-5 acceptance checks on a finished campaign study; returns the measured rates."""
-    recs = R.load_records(study)
+    recs = records.load_records(study)
     launched = [r for r in recs if r.launched]
     assert len(launched) == n_launched
-    # a trial that ended at its probe (sweeps/probes.py: a dead end or a degraded level) cost
+    # a trial that ended at its probe (sweeps/search/probes.py: a dead end or a degraded level) cost
     # a fraction of a full launch (~8 GPUs x 180 s)
     probe_only = {t.number: t.user_attrs["probe"] for t in study.trials
                   if (t.user_attrs.get("probe") or {}).get("dead_end")}
     assert probe_only and all(p["gpu_s"] < 0.2 * 8 * 180 for p in probe_only.values()), probe_only
     # one launch per distinct dead end (failed launches and degraded-level launches)
-    dead = [r for r in launched if r.status != "ok" or not R.counts_for_level(r)]
+    dead = [r for r in launched if r.status != "ok" or not records.counts_for_level(r)]
     per_end = Counter(dead_end_key(r) for r in dead)
     assert dead and max(per_end.values()) == 1, per_end
     # no config was launched twice
-    keys = Counter(R.config_key(r.params) for r in launched)
+    keys = Counter(records.config_key(r.params) for r in launched)
     assert max(keys.values()) == 1, keys.most_common(3)
     # >= 90 % of launches started (the server came up: ok, or failed after startup)
     started = [r for r in launched if r.status == "ok" or r.phase not in ("startup", None)]
@@ -100,10 +100,10 @@ def check_campaign(study: optuna.Study, rules: RuleStore, n_launched: int = 60) 
     dups = [r for r in recs if r.duplicate_of is not None]
     for r in dups:
         src = trials[r.duplicate_of]
-        assert R.config_key(r.params) == R.config_key(dict(src.params))
+        assert records.config_key(r.params) == records.config_key(dict(src.params))
         if src.state == TrialState.COMPLETE:
             assert trials[r.number].value == src.value
-    for cls in {c for c, _ in per_end if c != R.DEGRADED}:
+    for cls in {c for c, _ in per_end if c != records.DEGRADED}:
         assert rules.list(failure_class=cls), cls
     return {"start_rate": start_rate, "rule_skips": len(skipped), "duplicates": len(dups), "asks": len(recs)}
 
@@ -135,7 +135,7 @@ def test_campaign_through_ray_and_mlflow(fast_tmp):
     # rule skips are not runs: they are counted on the parent and listed in skipped.csv
     assert not c.search_runs([exp.experiment_id], filter_string="tags.status = 'skipped'", max_results=2000)
     parent = c.search_runs([exp.experiment_id], filter_string="tags.`servesweep.role` = 'study'")[0]
-    recs = R.load_records(study)
+    recs = records.load_records(study)
     by_rule = [r for r in recs if not r.launched and str(r.skipped_by_rule or "").isdigit()]
     assert by_rule and parent.data.metrics["skipped_rule"] == len(by_rule)
     import csv
@@ -166,7 +166,7 @@ def test_infra_failures_are_retried_and_never_count_against_the_config(fast_tmp)
 
     spec = load_spec(compose_cfg(["backend=instant", *SMOKE, "sweep.budget.trials=3", *_stores(fast_tmp / "s")]))
     drv = run_in_process(spec, task_hook=hook)
-    recs = [r for r in R.load_records(drv.study) if r.launched]
+    recs = [r for r in records.load_records(drv.study) if r.launched]
     assert len(recs) == 3 and all(r.attempts == 2 for r in recs)
     # smoke seeds every allreduce level: flashinfer fusion fails on SM120 by itself
     assert all(r.status == "ok" or r.failure_kind == "deterministic" for r in recs), recs
@@ -181,7 +181,7 @@ def test_persistent_infra_failure_is_fail_not_a_rule_and_trips_the_breaker(fast_
     drv = run_in_process(spec, task_hook=lambda args: RuntimeError("node died (emulated)"))
     assert drv.stop_reason and drv.stop_reason.startswith("circuit breaker: 3 of the last 3 trials")
     assert "check the node" in drv.stop_reason
-    recs = [r for r in R.load_records(drv.study) if r.launched]
+    recs = [r for r in records.load_records(drv.study) if r.launched]
     assert len(recs) == 3  # stopped instead of burning the budget (20)
     assert all(r.state == "FAIL" and r.status == "infra_error" and r.failure_kind == "infra" for r in recs)
     assert all(r.attempts == 1 + spec.backend.retries_transient + 1 for r in recs)  # retried on fresh tasks
@@ -189,6 +189,7 @@ def test_persistent_infra_failure_is_fail_not_a_rule_and_trips_the_breaker(fast_
     assert all(not t.constraints for t in drv.study.trials if t.state == TrialState.FAIL)
 
 
+@pytest.mark.slow  # > 10 s on 2 idle cores (CI's durations): make test-slow runs it
 def test_transient_failure_retried_once_then_breaker_on_unknown_class(fast_tmp):
     """Emulated servers that crash at startup with an unclassified error (class ``unknown``,
     kind transient): each trial is launched twice, then the breaker stops the sweep."""
@@ -198,11 +199,11 @@ def test_transient_failure_retried_once_then_breaker_on_unknown_class(fast_tmp):
                                   "bench.warmup_output_len=4", *_stores(fast_tmp / "s")]))
     drv = run_in_process(spec)
     assert drv.stop_reason and drv.stop_reason.startswith("circuit breaker")
-    recs = [r for r in R.load_records(drv.study) if r.launched]
+    recs = [r for r in records.load_records(drv.study) if r.launched]
     assert len(recs) == 3
     assert all(r.failure_class == "unknown" and r.attempts == 2 for r in recs)
     for r in recs:  # the first attempt's log is kept beside the final one
-        assert (R.trial_dir(spec.store_dir, drv.study_name, r.number) / "server.attempt1.log").exists()
+        assert (records.trial_dir(spec.store_dir, drv.study_name, r.number) / "server.attempt1.log").exists()
     # a transient class never becomes a rule, and the config is not a dead end (Optuna FAIL)
     assert drv.rules.list() == []
-    assert all(t.state == TrialState.FAIL for t in drv.study.trials if R.record_from_trial(t).launched)
+    assert all(t.state == TrialState.FAIL for t in drv.study.trials if records.record_from_trial(t).launched)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from sweeps.records import TrialRecord
-from sweeps.tracking import run_name
+from sweeps.store.records import TrialRecord
+from sweeps.store.tracking import run_name
 
 
 @pytest.mark.parametrize("params,tags,expected", [
@@ -21,7 +21,7 @@ def test_run_name(params, tags, expected):
 
 
 def test_run_label_carries_the_outcome():
-    from sweeps.tracking import run_label
+    from sweeps.store.tracking import run_label
 
     base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
     ok = TrialRecord(number=1, state="COMPLETE", params=base, status="ok", metrics={"decode_tok_s": 89.46})
@@ -43,8 +43,8 @@ def test_a_space_beyond_the_campaign_names_every_knob():
 
 
 def test_run_label_shows_the_sweeps_objective():
-    from sweeps.objective import Objective
-    from sweeps.tracking import run_label
+    from sweeps.config.objective import Objective
+    from sweeps.store.tracking import run_label
 
     base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
     r = TrialRecord(number=2, state="COMPLETE", params=base, status="ok",

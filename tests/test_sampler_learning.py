@@ -1,8 +1,8 @@
 """The sampler learns infeasibility: after a dead end is learned, the driver's TPE proposes
 into learned dead regions far less often than a random sampler does in the same driver.
 
-Both arms run the real Driver loop in process (:class:`sweeps.inprocess.InProcessDriver`,
-instant backend, in-memory stores) on the campaign space with the same seeds, rules,
+Both arms run the real Driver loop in process (:class:`sweeps.app.inprocess.InProcessDriver`,
+instant backend, a SQLite study and rules file per arm) on the campaign space with the same seeds, rules,
 duplicate answering and budget (asks); only ``sweep.sampler.name`` differs. A proposal
 "into a dead region" is one the driver answers from a learned dead end without launching
 (a failure rule or a degraded allreduce level) or a launch that fails. The rate is taken
@@ -18,9 +18,9 @@ import statistics
 
 import pytest
 
-from sweeps import records as R
-from sweeps.config import load_spec
-from sweeps.inprocess import run_in_process
+from sweeps.app.inprocess import run_in_process
+from sweeps.config.spec import load_spec
+from sweeps.store import records
 from tests.conftest import compose_cfg
 
 pytestmark = pytest.mark.slow  # 6 in-process sweeps of 200 asks: ~2-4 min on 2 cores
@@ -35,15 +35,19 @@ def dead_rate(sampler: str, seed: int, tmp) -> tuple[float, int]:
         "backend=instant", "sweep=eagle3_allreduce", "sweep.budget.trials=1000", "sweep.budget.wall_time_s=null",
         f"sweep.budget.max_asks={ASKS}", "sweep.budget.max_consecutive_skips=1000",
         f"sweep.sampler.name={sampler}", f"sweep.sampler.seed={seed}", f"study_name=learn-{sampler}-{seed}",
+        "sweep.approaches=null",  # the samplers alone: a share quota would fix the speculative knob for both
         f"tracking.store_dir={tmp}", f"tracking.findings_dir={tmp / 'findings'}",
-        "tracking.optuna_storage=sqlite:///:memory:", "tracking.rules_db=sqlite:///:memory:"]))
+        # SQLite files, one pair per arm: the study lease's thread cannot reach an in-memory
+        # database (its renewal fails after 60 s), and each arm learns its own rules
+        f"tracking.optuna_storage=sqlite:///{tmp / f'optuna-{sampler}-{seed}.db'}",
+        f"tracking.rules_db=sqlite:///{tmp / f'rules-{sampler}-{seed}.db'}"]))
     with contextlib.redirect_stdout(io.StringIO()):
         drv = run_in_process(spec)
     enqueued = {t.number for t in drv.study.get_trials(deepcopy=False) if "fixed_params" in t.system_attrs}
-    own = [r for r in sorted(R.load_records(drv.study), key=lambda r: r.number) if r.number not in enqueued]
+    own = [r for r in sorted(records.load_records(drv.study), key=lambda r: r.number) if r.number not in enqueued]
     late = own[len(own) // 2:]
 
-    def dead(r: R.TrialRecord) -> bool:
+    def dead(r: records.TrialRecord) -> bool:
         return bool(r.skipped_by_rule) or (r.launched and r.status == "failed")
 
     assert all(r.timings.get("gpu_s") == 0.0 for r in late if r.skipped_by_rule)

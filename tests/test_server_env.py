@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from sweeps.config import load_spec
-from sweeps.inprocess import run_in_process
-from sweeps.server_env import shell_env
+from sweeps.app.inprocess import run_in_process
+from sweeps.config.server_env import shell_env
+from sweeps.config.spec import load_spec
 from tests.conftest import compose_cfg
 
 
@@ -43,3 +43,11 @@ def test_relevant_shell_variables_reach_the_trial_env(tmp_path, monkeypatch, cap
 def test_shell_env_selection():
     fwd, withheld = shell_env({"TORCH_NCCL_X": "1", "VLLM_API_KEY": "k", "PATH": "/bin", "HF_HOME": "/h"}, {})
     assert fwd == {"HF_HOME": "/h", "TORCH_NCCL_X": "1"} and withheld == ["VLLM_API_KEY"]
+
+
+def test_every_name_the_log_redaction_masks_is_withheld_from_the_servers():
+    names = {"HF_AUTH": "a", "CUDA_PASSPHRASE": "b", "SGLANG_CREDENTIAL": "c", "HF_TOKEN": "d", "NCCL_ALGO": "Ring",
+             "HF_HOME": "/h", "SGLANG_MAX_TOKENS": "9"}
+    fwd, withheld = shell_env(names, {})
+    assert sorted(withheld) == ["CUDA_PASSPHRASE", "HF_AUTH", "HF_TOKEN", "SGLANG_CREDENTIAL"]
+    assert fwd == {"HF_HOME": "/h", "NCCL_ALGO": "Ring", "SGLANG_MAX_TOKENS": "9"}

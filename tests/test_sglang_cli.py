@@ -1,4 +1,4 @@
-"""tasks.sglang_cli without SGLang: version table, FlagSet, argv checks on a stand-in parser."""
+"""tasks.backends.sglang.cli without SGLang: version table, FlagSet, argv checks on a stand-in parser."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from tasks import sglang_cli as sc
-from tasks.knobs import KnobError, render_launch
+from tasks.backends.sglang import cli as sc
+from tasks.backends.sglang.knobs import KnobError, render_launch
 
 
 def fake_sglang_parser() -> argparse.ArgumentParser:

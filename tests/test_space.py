@@ -6,7 +6,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from sweeps.space import SpaceError, parse_space, to_distribution
+from sweeps.config.space import SpaceError, parse_space, to_distribution
 
 CASES = [
     ({"type": "categorical", "choices": ["nccl", "custom"]}, CategoricalDistribution(["nccl", "custom"])),
@@ -118,7 +118,7 @@ def test_normalize_drops_inactive_and_checks_range():
 
 
 def test_seed_configs_baseline_first_one_per_level_deduplicated():
-    from sweeps.space import seed_configs
+    from sweeps.config.space import seed_configs
 
     space = _space()
     seeds = seed_configs(space, {"speculative": "none"}, [{"speculative": "none"}], ["speculative"])
@@ -127,3 +127,12 @@ def test_seed_configs_baseline_first_one_per_level_deduplicated():
     assert seeds == [{"speculative": "none"}, {"speculative": "eagle3", "steps": 1, "topk": 1, "draft": 2}]
     with pytest.raises(SpaceError, match="not a param"):
         seed_configs(space, {"speculative": "none"}, [], ["nope"])
+
+
+def test_log_int_levels_are_every_integer_the_sampler_can_draw():
+    space = parse_space({"k": {"type": "int", "low": 3, "high": 40, "log": True}})
+    (p,) = space.params
+    assert p.levels() == list(range(3, 41))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    drawn = {space.sample(study.ask())["k"] for _ in range(300)}
+    assert drawn <= set(p.levels()) and len(drawn) > 6  # not only 3, 6, 12, 24

@@ -25,7 +25,7 @@ import pytest
 import sqlalchemy as sa
 from mlflow.tracking import MlflowClient
 
-from sweeps import records as R
+from sweeps.store import records as trial_records
 from tests.conftest import REPO
 from tests.team import PG_BIN, MlflowServer, Postgres, RayCluster, bare_python
 from tests.waiting import wait_for
@@ -75,8 +75,8 @@ class Team:
         return subprocess.Popen(self.cmd(store, study, extra, uri), cwd=str(store), stdout=open(log, "w"),
                                 stderr=subprocess.STDOUT, env=env or self.ray.driver_env(), start_new_session=True)
 
-    def records(self, study: str) -> list[R.TrialRecord]:
-        return R.load_records(optuna.load_study(study_name=study, storage=self.pg.url()))
+    def records(self, study: str) -> list[trial_records.TrialRecord]:
+        return trial_records.load_records(optuna.load_study(study_name=study, storage=self.pg.url()))
 
     def running(self, study: str) -> int:
         e = sa.create_engine(self.pg.url())
@@ -222,7 +222,7 @@ def test_node_tag_names_the_ray_node(team, swept):
 AUTH_PROBE = """
 import json, sys, time
 import ray
-from sweeps.ray_auth import explain_init_error
+from sweeps.run.ray_auth import explain_init_error
 t0 = time.monotonic()
 try:
     ray.init(address=sys.argv[1], log_to_driver=False)
@@ -239,7 +239,7 @@ def _no_auth_env(team, home: Path, **extra: str) -> dict:
 
 
 def test_token_auth_mismatch_is_explained(team, tmp_path):
-    from sweeps.ray_auth import explain_init_error
+    from sweeps.run.ray_auth import explain_init_error
 
     assert explain_init_error(ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379"), "x") is None
     cases = {"mode unset": _no_auth_env(team, tmp_path),
@@ -271,7 +271,7 @@ def test_sweep_without_the_token_says_ray_auth_mode(team, tmp_path):
 SHIP_PROBE = """
 import json, os, subprocess, sys
 import ray
-from sweeps.ray_auth import code_runtime_env
+from sweeps.run.ray_auth import code_runtime_env
 
 @ray.remote(num_cpus=0, resources={"bare": 0.01}, max_retries=0)
 def probe():
@@ -372,7 +372,7 @@ def test_two_drivers_on_one_study_neither_crash_nor_rerun(team, tmp_path):
     assert rc_a == 0 and "Traceback" not in out_a, out_a[-3000:]
     recs = team.records(study)
     assert all(r.attempts <= 1 and r.status != "infra_error" for r in recs), [(r.number, r.status, r.attempts) for r in recs]
-    launched = [R.config_key(r.params) for r in recs if r.launched]
+    launched = [trial_records.config_key(r.params) for r in recs if r.launched]
     assert len(launched) == len(set(launched)) == 4, launched  # no finished config ran twice
 
 

@@ -24,7 +24,9 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.slow
 
 # Many distinct configs (graph size 1..512 x memory fraction), instant trials (the model
-# evaluated in-process): the sweep runs long enough to stop MLflow in the middle.
+# evaluated in-process): the sweep runs long enough to stop MLflow in the middle. 150 trials
+# take ~60 s with the server up (~0.4 s each through it): 5 before the outage, 10 during it and
+# the server's restart (5-15 s) leave well over a hundred to finish after it.
 MANY = ["sweep=smoke", "backend=instant", "sweep.params.allreduce.choices=[nccl]", "sweep.seed_each_level_of=[]",
         "~sweep.params.cuda_graph_max_bs", "+sweep.params.cuda_graph_max_bs={type:int,low:1,high:512}",
         "+sweep.params.mem_fraction_static={type:float,low:0.80,high:0.88}",
@@ -86,7 +88,7 @@ def test_mlflow_outage_delays_sync_without_loss_or_duplicates(tmp_path):
     srv = MlflowServer(root, _free_port())
     srv.start()
     store = tmp_path / "store"
-    cmd = [sys.executable, str(REPO / "run_sweep.py"), *MANY, "sweep.budget.trials=400", "sweep.budget.max_asks=1200",
+    cmd = [sys.executable, str(REPO / "run_sweep.py"), *MANY, "sweep.budget.trials=150", "sweep.budget.max_asks=450",
            f"tracking.uri={srv.url}", f"tracking.store_dir={store}", f"tracking.findings_dir={tmp_path / 'f'}"]
     log = tmp_path / "sweep.log"
     with open(log, "w") as out:
@@ -110,10 +112,10 @@ def test_mlflow_outage_delays_sync_without_loss_or_duplicates(tmp_path):
         assert "MLflow unreachable" in text or "MLflow sync of" in text, "the outage was not noticed"
 
         study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{store / 'optuna.db'}")
-        from sweeps import records as R
+        from sweeps.store import records
 
         # one run per finished LAUNCHED trial (skipped proposals are counts on the parent)
-        finished = {f"smoke/{r.number}" for r in R.load_records(study)
+        finished = {f"smoke/{r.number}" for r in records.load_records(study)
                     if r.launched and r.state not in ("RUNNING", "WAITING")}
         c = MlflowClient(tracking_uri=srv.url)
         exp = c.get_experiment_by_name("smoke")

@@ -1,7 +1,7 @@
 """Page test: the MLflow UI (``python -m sweeps.ui``, what ``make ui`` runs) loaded in
 headless Chromium lists the sweep's trials with their tok/s and failure class.
 
-The store is written by the driver's own MLflow code (``sweeps.tracking.Tracker``) from
+The store is written by the driver's own MLflow code (``sweeps.store.tracking.Tracker``) from
 trial records, so no Ray is needed. Chromium: Debian package ``chromium``
 (``/usr/bin/chromium``); without it the test skips with a loud reason, and under
 ``CI=true`` a missing browser is a failure. The screenshot is saved in the test's
@@ -22,12 +22,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sweeps import records as R
-from sweeps.parent_run import confirmed_fields
-from sweeps.tracking import Tracker
+from sweeps.publish.parent_run import confirmed_fields
+from sweeps.store import records
+from sweeps.store.tracking import Tracker
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.page
+pytestmark = [pytest.mark.page, pytest.mark.slow]  # a real Chromium and MLflow server: ~80 s
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
@@ -50,9 +50,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _records() -> list[R.TrialRecord]:
+def _records() -> list[records.TrialRecord]:
     def rec(n, status, params, tok=None, cls=None, base=False):
-        return R.TrialRecord(number=n, state="COMPLETE" if status == "ok" else "PRUNED", params=params, status=status,
+        return records.TrialRecord(number=n, state="COMPLETE" if status == "ok" else "PRUNED", params=params, status=status,
                              metrics={"decode_tok_s": tok, "speedup_vs_baseline": tok / 82.0} if tok else {},
                              failure_class=cls, failure_kind="deterministic" if cls else None,
                              failure_signature="No supported CUDA architectures found" if cls else None,
@@ -88,14 +88,15 @@ def ui(tmp_path):
     tr = Tracker(f"sqlite:///{store / 'mlflow.db'}", "pagesweep", (store / "artifacts").as_uri())
     tr.open_parent(_Study(), "Page-test sweep: allreduce x graph size", {"sweep": "pagesweep"})
     assert tr.sync("pagesweep", _records(), store, {"backend": "emulated"}) == 4
-    # the confirmed winner, as the driver logs it after the confirmation (sweeps.parent_run)
+    # the confirmed winner, as the driver logs it after the confirmation (sweeps.publish.parent_run)
     metrics, tags = confirmed_fields(CONFIRMATION, "decode_tok_s")
     tr.log_parent_metrics(metrics)
     tr.set_parent_tags(tags)
     tr.close_parent()
     port = _free_port()
     log = open(tmp_path / "ui.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "sweeps.ui", "--store-dir", str(store), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.ui", "--store-dir", str(store), "--port", str(port),
+                             "--foreground"],  # the server in this process group: the teardown's killpg stops it
                             cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     base = f"http://127.0.0.1:{port}"
@@ -151,7 +152,7 @@ def test_experiment_page_lists_trials_with_toks_and_failure_class(ui, tmp_path):
     # the rows behind that table, from the REST endpoint the page itself calls
     r = httpx.post(f"{base}/ajax-api/2.0/mlflow/runs/search", json={"experiment_ids": [exp_id], "max_results": 100},
                    timeout=30)
-    # child run names carry the outcome after " · " (sweeps.tracking.run_label); key by the config part
+    # child run names carry the outcome after " · " (sweeps.store.tracking.run_label); key by the config part
     runs = {x["info"]["run_name"].split(" · ")[0]: x for x in r.json()["runs"]}
     assert any(x["info"]["run_name"] == "t001 none nccl g128 · 89.5 tok/s" for x in r.json()["runs"])
     def tags(x):

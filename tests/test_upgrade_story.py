@@ -11,9 +11,9 @@ import shutil
 
 import pytest
 
-from sweeps.config import load_spec
-from sweeps.inprocess import InProcessDriver, run_in_process
-from sweeps.recheck import FIXED, STILL_FAILING, RecheckDriver, recheck
+from sweeps.app.inprocess import InProcessDriver, run_in_process
+from sweeps.app.recheck import FIXED, STILL_FAILING, RecheckDriver, recheck
+from sweeps.config.spec import load_spec
 from tests.conftest import compose_cfg
 
 SOURCE = ["backend=instant", "sweep=eagle3_allreduce", "sweep.budget.trials=12", "sweep.budget.wall_time_s=null"]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweeps.config import NodeConfig
-from sweeps.knowledge import match
+from sweeps.config.spec import NodeConfig
+from sweeps.rules.knowledge import match
 from tasks.emulator.calibration import render_config
 from tasks.emulator.instant import predict
 from tasks.emulator.profile import build_profile

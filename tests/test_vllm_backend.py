@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweeps.config import ConfigError, load_spec
+from sweeps.config.spec import ConfigError, load_spec
 from tasks.backends import get_backend
 from tasks.backends.preflight import PreflightReport, check_gpus, check_model, preflight
+from tasks.backends.sglang.knobs import KnobError
 from tasks.backends.vllm import KNOWN_KNOBS, engine_args, flags_for, render_vllm
 from tasks.failures import classify
-from tasks.knobs import KnobError
 from tasks.openai_bench import ACCEPTED, DRAFTS, acceptance_length, prompt_ids
 from tasks.tiny_model import SPEC, content_hash, model_dir
 from tests.conftest import compose_cfg
@@ -173,7 +173,7 @@ def test_preflight_runs_for_real_engines_only():
 
 
 def test_a_vllm_memory_failure_rule_implicates_the_memory_knobs():
-    from sweeps.rules_match import implicated_params, load_implicated_knobs
+    from sweeps.rules.match import implicated_params, load_implicated_knobs
 
     params = {"speculative": "none", "max_num_seqs": 16, "dtype": "bfloat16", "kv_cache_space_gib": "unset",
               "gpu_memory_utilization": 0.98}

@@ -22,8 +22,10 @@ def test_load_search_against_real_vllm(vllm_env, tmp_path):  # noqa: F811
     assert res.status == "ok", (res.failure_class, res.failure_signature, res.log_tail[-2000:])
     m = res.metrics
     assert m["load_levels"] == 2
-    for k in ("max_rate_at_slo_req_s", "goodput_req_s", "ttft_ms_p99", "tpot_ms_p99", "slo_failed_at_req_s"):
+    for k in ("goodput_req_s", "ttft_ms_p99", "tpot_ms_p99"):
         assert k in m, k
+    # two levels from 0.5..8 req/s: the rate when it closed to 5 %, else its censored bounds
+    assert "max_rate_at_slo_req_s" in m or m["max_rate_at_slo_req_s_censored"] == 1.0
     levels = next(r["load"] for r in res.bench if "load" in r)["levels"]
     assert len(levels) == 2
     # vLLM returns the token ids of each chunk: every request's 16 tokens were counted

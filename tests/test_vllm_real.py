@@ -149,7 +149,10 @@ def test_success_with_ngram_speculation_measures_real_streams(vllm_env, tmp_path
     assert res.status == "ok", (res.failure_class, res.failure_signature, res.log_tail[-2000:])
     m = res.metrics
     assert m["completed"] == 8 and m["output_tok_s"] > 0 and m["decode_tok_s"] > 0
-    assert m["ttft_ms_p50"] > 0 and m["itl_ms_p50"] > 0
+    # the mean ITL, not the median: when the client falls behind vLLM's stream (both cores busy),
+    # SSE events read in one socket read share a timestamp, so most per-token gaps can be 0 ms
+    # (median 0.0 seen in CI) while the mean stays the decode time over the tokens
+    assert m["ttft_ms_p50"] > 0 and m["itl_ms_mean"] > 0
     # the counters moved: n-gram drafts were proposed and some accepted (random weights loop)
     assert 1.0 < m["accept_length"] <= 4.0
     assert all(r["completion_tokens"] == 128 for r in res.bench)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.backends.sglang import SGLangBackend
+from tasks.backends.sglang.backend import SGLangBackend
 from tasks.emulator.profile import build_profile
 
 

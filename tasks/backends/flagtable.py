@@ -1,12 +1,12 @@
 """The knob table of an engine: logical flag id -> full flag name per version range, as data.
 
 One table per engine (``tasks/backends/<engine>_flags.json``), read by everything that
-names a flag: rendering (:mod:`tasks.knobs`), the version/parser layer
-(:mod:`tasks.sglang_cli`), the emulated server's parser (:mod:`tasks.emulator.flags`) and
+names a flag: rendering (:mod:`tasks.backends.sglang.knobs`), the version/parser layer
+(:mod:`tasks.backends.sglang.cli`), the emulated server's parser (:mod:`tasks.emulator.flags`) and
 the dry run. Loaded and validated once per process; a malformed table is a
 :class:`FlagTableError` naming the file and the row.
 
-JSON, not YAML, and stdlib only: :mod:`tasks.sglang_cli` imports this inside the contract
+JSON, not YAML, and stdlib only: :mod:`tasks.backends.sglang.cli` imports this inside the contract
 venv, which holds SGLang's parser and nothing of servesweep's dependencies.
 
 A row (``flags[i]``)::

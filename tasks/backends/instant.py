@@ -24,6 +24,9 @@ class InstantBackend(EmulatedBackend):
     kind = "instant"
     launches_server = False
     ports = ()
+    #: :func:`tasks.emulator.instant.simulate`'s metrics (no per-request records: no quality metrics)
+    bench_metrics = frozenset({"decode_tok_s", "output_tok_s", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99",
+                               "accept_length", "e2e_s_p50"})
 
     def validate(self, argvs: list[list[str]], backend_cfg: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         """Not validated with SGLang's parser: nothing is launched (the model parses the flags)."""

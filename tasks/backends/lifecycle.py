@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tasks import trial_load
-from tasks.bench import BenchError
+from tasks.bench_client import BenchError
 from tasks.failures import KIND, classify
 from tasks.quality import tag_quality
 from tasks.readiness import ensure_serving, is_http_5xx
@@ -43,6 +43,8 @@ class Backend(Protocol):
     health_path: str
     checks_gpus: bool
     engine: str
+    ready_request: tuple[str, Mapping[str, Any]] | None
+    load_api: str
 
     def fingerprint(self, profile: Mapping[str, Any] | None, gpu_indices: list[int] | None) -> dict[str, str]: ...
     def server_argv(self, argv: Sequence[str], host: str, ports: Sequence[int]) -> list[str]: ...
@@ -135,7 +137,7 @@ def _measure(backend: Backend, srv: ServerProcess, spec: TrialSpec, res: TrialRe
     try:
         metrics, records = backend.benchmark(srv.base_url, spec.bench, spec.timeouts.bench_s)
         if trial_load.wants_load(spec.bench):  # load search / concurrency levels on the same server
-            metrics, records = trial_load.with_load(backend.engine, srv.base_url, spec.bench, metrics, records,
+            metrics, records = trial_load.with_load(backend.load_api, srv.base_url, spec.bench, metrics, records,
                                                     t_bench, spec.timeouts.bench_s)
     except BenchError as e:
         # a lost connection usually means the server is exiting: wait for its code
@@ -177,7 +179,7 @@ def _serve_and_measure(backend: Backend, spec: TrialSpec, argv: list[str], env: 
                              health_path=backend.health_path) as srv:
             res.startup_s = srv.wait_healthy()
             if not spec.probe:  # a probe only has to reach ready; a trial must also serve one generation
-                res.warmup_s = ensure_serving(base_url, backend.engine, spec.timeouts.startup_s - res.startup_s)
+                res.warmup_s = ensure_serving(base_url, backend.ready_request, spec.timeouts.startup_s - res.startup_s)
                 _measure(backend, srv, spec, res)
         deadline = time.monotonic() + max(1.0, spec.timeouts.term_grace_s)  # a SIGKILLed tree releases it late
         while not port_is_free(ports[0]):

@@ -213,7 +213,7 @@ def run_preflight(kind: str, node: Mapping[str, Any], model: Mapping[str, Any],
     """:func:`preflight` for ``backend.kind`` when it is a real engine, else None (nothing to check).
 
     The driver calls this before any trial (``spec.node.model_dump()``, ``spec.model.model_dump()``,
-    ``sweeps.config.backend_dict(spec)``): errors -> print them and exit 2, nothing recorded.
+    ``sweeps.config.spec.backend_dict(spec)``): errors -> print them and exit 2, nothing recorded.
     """
     from tasks.backends import get_backend
 

@@ -17,16 +17,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks.backends.base import Backend, Launch
+from tasks.backends.base import Backend, KnobError, Launch, ProbeSupport
 from tasks.backends.flagtable import FlagSet, FlagUnavailable, load_flag_table
-from tasks.knobs import KnobError
-from tasks.types import BenchSpec
+from tasks.bench_client import SUMMARY_METRICS
+from tasks.types import BenchSpec, TrialResult, TrialSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
@@ -72,6 +74,32 @@ _DEGRADED = {
     "flashinfer": ("Failed to initialize FlashInfer All Reduce workspace", "FlashInfer MNNVL multicast is unavailable"),
     "flashinfer_fusion": ("Failed to initialize FlashInfer All Reduce workspace",),
 }
+
+
+#: Most the startup budget is stretched for load (x4: 240 s -> 960 s); past that a machine is
+#: too loaded to measure anything and the timeout stands.
+MAX_LOAD_FACTOR = 4.0
+
+
+def startup_budget_s(base_s: float, load_1m: float | None = None, cpus: int | None = None) -> tuple[float, str]:
+    """The startup budget, s, stretched for the node's measured load, and why.
+
+    vLLM's CPU startup (weights, torch.compile warm-up, KV-cache profiling) is CPU-bound: with
+    L runnable processes per core a CPU-bound job gets about 1/L of a core, so its wall time
+    grows about L-fold (measured: 30-85 s alone on 2 cores, 274 s on a busy 2-core machine).
+    The budget is ``base_s * clamp(load_1m / cpus, 1, MAX_LOAD_FACTOR)``.
+
+    Args:
+        base_s: ``backend.timeouts.startup_s`` (for an idle machine).
+        load_1m: 1-minute load average (None: ``os.getloadavg()``).
+        cpus: CPUs (None: ``os.cpu_count()``).
+    Returns:
+        ``(budget_s, reason)``, e.g. ``(480.0, "startup_s 240 s x 2.0 for load average 4.0 on 2 CPUs")``.
+    """
+    load = os.getloadavg()[0] if load_1m is None else float(load_1m)
+    n = max(1, int(cpus or os.cpu_count() or 1))
+    factor = min(MAX_LOAD_FACTOR, max(1.0, load / n))
+    return base_s * factor, f"startup_s {base_s:.0f} s x {factor:.1f} for load average {load:.1f} on {n} CPUs"
 
 
 def flags_for(version: str) -> FlagSet:
@@ -169,7 +197,7 @@ def render_vllm(params: Mapping[str, Any], node: Mapping[str, Any], model: Mappi
     unknown = sorted(set(params) - KNOWN_KNOBS)
     if unknown:
         raise KnobError(f"unknown vLLM knob(s) {unknown}; known knobs: {sorted(KNOWN_KNOBS)}")
-    f = flags_for(str(backend.get("vllm_version") or DEFAULT_VLLM_VERSION))
+    f = flags_for(BACKEND.engine_version(backend))
     py = backend.get("python")
     argv = [resolve_path(str(py)) if a == "{python}" and py else str(a)
             for a in backend.get("launcher") or ["{python}", "-m", ENTRY_MODULE]]
@@ -258,10 +286,22 @@ class VllmBackend(Backend):
 
     kind = "vllm"
     engine = "vllm"
+    engine_label = "vLLM"
+    version_key = "vllm_version"
+    default_version = DEFAULT_VLLM_VERSION
+    fingerprint_key = "vllm"
+    # a dict --hf-overrides patches the target only (SpeculativeConfig.compose_draft_hf_overrides)
+    probe = ProbeSupport(override_flag="--hf-overrides", speculative_flag="--speculative-config",
+                         speculative_json=True, cuts_eagle3_target=True)
+    #: :func:`tasks.openai_bench.run_benchmark`'s metrics (the SGLang client's summary, the
+    #: ``/metrics`` acceptance length, ``concurrency``) plus the lifecycle's quality metrics
+    bench_metrics = SUMMARY_METRICS | {"concurrency", "itl_ms_max", "decode_tok_s_cv"}
     launches_server = True
     checks_gpus = True  # a no-op where NVML is absent (CPU node)
     ports = ("port",)
     health_path = "/health"
+    ready_request = ("/v1/completions", {"prompt": [1, 2, 3, 4], "max_tokens": 1, "temperature": 0.0})
+    load_api = "openai"
     known_knobs = KNOWN_KNOBS
     int_knobs = INT_KNOBS
     float_knobs = FLOAT_KNOBS
@@ -269,9 +309,6 @@ class VllmBackend(Backend):
     # installed, so the version lookup that the CPU build trips on is not an issue there).
     deploy_launcher = ("python", "-m", "vllm.entrypoints.openai.api_server")
     deploy_port = 8000
-
-    def engine_version(self, backend_cfg: Mapping[str, Any]) -> str:
-        return str(backend_cfg.get("vllm_version") or DEFAULT_VLLM_VERSION)
 
     def render(self, params: Mapping[str, Any], node: Mapping[str, Any], model: Mapping[str, Any],
                backend_cfg: Mapping[str, Any]) -> Launch:
@@ -303,6 +340,20 @@ class VllmBackend(Backend):
 
         metrics, records = run_benchmark(base_url, bench, deadline_s=deadline_s)
         return metrics, records_json(records)
+
+    def run_trial(self, spec: TrialSpec, profile: dict[str, Any] | None, workdir: str | None) -> TrialResult:
+        """The generic server lifecycle with the startup budget stretched for the node's load
+        (:func:`startup_budget_s`); a startup timeout's signature says which budget and load it met
+        (it stays ``startup_timeout``, a transient failure, never a dead end)."""
+        from tasks.backends.lifecycle import run_server_trial
+
+        budget, why = startup_budget_s(spec.timeouts.startup_s)
+        if budget > spec.timeouts.startup_s:
+            spec = dataclasses.replace(spec, timeouts=dataclasses.replace(spec.timeouts, startup_s=budget))
+        res = run_server_trial(self, spec, profile, workdir)
+        if res.failure_class == "startup_timeout":
+            res.failure_signature = f"{res.failure_signature} [budget {budget:.0f} s: {why}]"
+        return res
 
     def paths_taken(self, log: str, expected: Mapping[str, Any]) -> list[str]:
         """``allreduce_path_degraded`` when the log says the requested allreduce path was not taken

@@ -69,7 +69,7 @@ def shipped_profile(**emulator: Any) -> dict:
 def render_config(config: dict, model: dict) -> tuple[list[str], dict[str, str], dict[str, Any]]:
     """Canonical knob dict -> (SGLang 0.5.23 argv, env, capability overrides).
 
-    Mirrors the knob rendering in common.md (full flag names); independent of tasks.knobs so
+    Mirrors the knob rendering in common.md (full flag names); independent of tasks.backends.sglang.knobs so
     calibration has no dependency on the driver side.
     """
     c = {**BASE_CONFIG, **{k: v for k, v in config.items() if v is not None}}

@@ -1,34 +1,38 @@
-"""The emulated server's HTTP API (SGLang's routes, aiohttp handlers).
+"""The emulated server's HTTP API (SGLang 0.5.23's routes, aiohttp handlers).
 
 ``HttpApi(server).app()`` builds the application; the handlers read the state of the
-``tasks.emulator.server.EmulatedServer`` they serve (readiness, launch, prediction, the
-token generator). Routes: /health, /health_generate, /generate, /v1/completions,
-/server_info = /get_server_info, /get_model_info, /v1/models, /flush_cache, and the
-emulator-only /emulator/requests (the batching scheduler's requests and state).
+``tasks.emulator.server.EmulatedServer`` they serve (readiness, launch, prediction, tokenizer,
+the token generator). Routes: /health, /health_generate, /generate (one prompt or a batch),
+the OpenAI routes /v1/completions and /v1/chat/completions (``tasks.emulator.openai_routes``),
+/server_info = /get_server_info, /get_model_info, /v1/models, /flush_cache, /metrics (with
+``--enable-metrics``; ``tasks.emulator.metrics``), and the emulator-only /emulator/requests (the
+batching scheduler's requests and state).
+
+Request bodies: SGLang (FastAPI on uvicorn) sets no body-size limit; :data:`CLIENT_MAX_SIZE`
+replaces aiohttp's 1 MiB default with 1 GiB, far above any valid request (a full 262,144-token
+context as JSON ids is ~2 MB) while one request still cannot exhaust the host's memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-import zlib
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
 from aiohttp import web
 
-from tasks.emulator.request_checks import contract_error, openai_error, value_error
+from tasks.emulator.generation import BadRequest, Sub, find_stop, stop_list
+from tasks.emulator.metrics import ServerMetrics
+from tasks.emulator.openai_routes import OpenAIRoutes
+from tasks.emulator.request_checks import NO_PROMPT, contract_error, openai_error, sampling_value_error, value_error
 
-
-def text_to_ids(text: str, vocab: int) -> list[int]:
-    """Whitespace 'tokenizer': one id per word (CRC32 mod vocab); at least one token."""
-    words = text.split() or [""]
-    return [zlib.crc32(w.encode()) % vocab for w in words]
-
-
-def ids_to_text(ids: list[int]) -> str:
-    """Token ids -> text (`` w<id>`` per token)."""
-    return "".join(f" w{i}" for i in ids)
+CLIENT_MAX_SIZE = 1 << 30
+#: SGLang's ``SamplingParams.max_new_tokens`` default (srt/sampling/sampling_params.py).
+DEFAULT_MAX_NEW_TOKENS = 128
+_SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 class HttpApi:
@@ -38,23 +42,151 @@ class HttpApi:
         # ``server`` is a tasks.emulator.server.EmulatedServer (not imported: that module
         # imports this one).
         self.s = server
+        self.metrics = ServerMetrics()
 
     def app(self) -> web.Application:
         """The aiohttp application with every route."""
-        app = web.Application()
+        oai = OpenAIRoutes(self)
+        app = web.Application(client_max_size=CLIENT_MAX_SIZE)
         r = app.router
         r.add_get("/health", self.h_health)
         r.add_get("/health_generate", self.h_health_generate)
         r.add_post("/generate", self.h_generate)
-        r.add_post("/v1/completions", self.h_completions)
+        r.add_post("/v1/completions", oai.h_completions)
+        r.add_post("/v1/chat/completions", oai.h_chat)
         r.add_get("/server_info", self.h_server_info)
         r.add_get("/get_server_info", self.h_server_info)
         r.add_get("/get_model_info", self.h_model_info)
         r.add_get("/v1/models", self.h_models)
         r.add_post("/flush_cache", self.h_flush)
+        if self.s.launch.args.get("enable_metrics"):
+            r.add_get("/metrics", self.h_metrics)
         r.add_get("/emulator/requests", self.h_emulator_requests)
         return app
 
+    # ---------------------------------------------------------------- shared helpers
+    @property
+    def model_name(self) -> str:
+        """``--served-model-name`` or the model path."""
+        return self.s.launch.args.get("served_model_name") or self.s.launch.model_path
+
+    @property
+    def tokenizer_path(self) -> str:
+        """The directory of the tokenizer the server uses (absolute)."""
+        return str(self.s.tok.path if self.s.tok is not None else self.s.load_tokenizer().path)
+
+    def not_ready(self) -> web.Response | None:
+        """503 before ready, and the ``http_503_once`` fault's one 503 right after; else None."""
+        if not self.s.ready:
+            return web.json_response({"error": "server not ready"}, status=503)
+        if self.s.fault == "http_503_once" and not getattr(self.s, "sent_503", False):
+            self.s.sent_503 = True
+            return web.json_response({"error": "emulated fault http_503_once"}, status=503)
+        return None
+
+    async def json_body(self, request: web.Request) -> Any:
+        """The parsed JSON body.
+
+        Raises:
+            web.HTTPBadRequest: not JSON, as FastAPI's RequestValidationError through SGLang's
+                handler (400, ``ErrorResponse`` of type ``Bad Request``).
+        """
+        try:
+            return await request.json()
+        except ValueError as e:
+            raise web.HTTPBadRequest(text=json.dumps(openai_error(f"JSON decode error: {e}", err_type="Bad Request")),
+                                     content_type="application/json") from None
+
+    async def encode(self, text: str) -> list[int]:
+        """Tokenize (a long text off the event loop, so other streams keep their pace)."""
+        tok = self.s.tok
+        if len(text) < 4096:
+            return tok.encode(text)
+        return await asyncio.to_thread(tok.encode, text)
+
+    def check_sub(self, sub: Sub, sp: dict) -> None:
+        """SGLang's checks of one generation (sampling ranges, prompt, context, KV pool).
+
+        Raises:
+            BadRequest: SGLang's message.
+        """
+        bad = sampling_value_error({**sp, "max_new_tokens": sub.max_new})
+        bad = bad or value_error(sub.ids, sub.max_new, self.s.engine())
+        if bad is not None:
+            raise BadRequest(bad)
+
+    async def run(self, sub: Sub, t_recv: float) -> AsyncIterator[str]:
+        """Generate ``sub`` through the batching scheduler; yields the text added per chunk (a
+        stop string ends it early, which aborts the rest in the scheduler)."""
+        tok = self.s.tok
+        longest = max((len(x) for x in sub.stop), default=0)
+        self.metrics.started(len(sub.ids))
+        t0 = time.monotonic()
+        try:
+            async with aclosing(self.s.generate(sub.ids, max(1, sub.max_new), bench=True, received=t_recv,
+                                                sample=sub.sample)) as gen:
+                async for new, vct, done in gen:
+                    if sub.t_first is None:
+                        sub.t_first = time.monotonic()
+                    sub.vct = vct
+                    new = new if sub.max_new > 0 else []  # max_new_tokens 0: the prefill, no token
+                    start = len(sub.text)
+                    sub.out.extend(new)
+                    sub.text += tok.decode(new)
+                    hit = find_stop(sub.text, sub.stop, max(0, start - longest + 1)) if sub.stop else None
+                    if hit is not None:
+                        sub.text = sub.text[:hit[0]]
+                        sub.finish = {"type": "stop", "matched": hit[1]}
+                        yield sub.text[start:]
+                        return
+                    if done:
+                        sub.finish = {"type": "length", "length": len(sub.out)}
+                    yield sub.text[start:]
+        finally:
+            self.metrics.finished(len(sub.out), t_recv, sub.t_first, time.monotonic(), t0)
+
+    async def run_all(self, subs: list[Sub], t_recv: float) -> AsyncIterator[tuple[int, str]]:
+        """:meth:`run` of every sub concurrently; yields (sub index, text delta) as they come."""
+        if len(subs) == 1:
+            async with aclosing(self.run(subs[0], t_recv)) as g:
+                async for d in g:
+                    yield 0, d
+            return
+        q: asyncio.Queue = asyncio.Queue()
+        end = object()
+
+        async def pump(i: int, sub: Sub) -> None:
+            try:
+                async with aclosing(self.run(sub, t_recv)) as g:
+                    async for d in g:
+                        await q.put((i, d))
+                await q.put((i, end))
+            except Exception as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+                await q.put((i, e))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(subs)]
+        try:
+            left = len(tasks)
+            while left:
+                i, d = await q.get()
+                if d is end:
+                    left -= 1
+                elif isinstance(d, BaseException):
+                    raise d
+                else:
+                    yield i, d
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def sse(self, request: web.Request) -> web.StreamResponse:
+        """A prepared ``text/event-stream`` response."""
+        resp = web.StreamResponse(headers=_SSE)
+        await resp.prepare(request)
+        return resp
+
+    # ---------------------------------------------------------------- routes
     async def h_health(self, request: web.Request) -> web.Response:
         """200 once ready, 503 before."""
         return web.Response(status=200 if self.s.ready else 503)
@@ -67,117 +199,92 @@ class HttpApi:
             pass
         return web.Response(status=200)
 
-    def _input_ids(self, body: dict) -> list[int]:
-        ids = body.get("input_ids")
-        if ids is None:
-            ids = text_to_ids(str(body.get("text", "")), self.s.vocab)
-        if isinstance(ids, list) and ids and isinstance(ids[0], list):
-            ids = ids[0]
-        return [int(i) for i in ids]
+    async def _generate_subs(self, body: dict) -> tuple[list[Sub], list[dict], bool]:
+        """``/generate`` body -> (generations, their sampling params, batched?) as SGLang's
+        ``GenerateReqInput.normalize_batch_and_parse``: ``text`` or ``input_ids``, one or a
+        list; ``sampling_params`` one for all or one per prompt; ``n`` samples per prompt.
 
-    async def _json_body(self, request: web.Request) -> dict:
-        try:
-            body = await request.json()
-        except Exception:
-            raise web.HTTPBadRequest(text=json.dumps({"error": "invalid JSON body"}),
-                                     content_type="application/json") from None
-        if not isinstance(body, dict):
-            raise web.HTTPBadRequest(text=json.dumps({"error": "JSON object expected"}), content_type="application/json")
-        return body
+        Raises:
+            BadRequest: no prompt, a sampling-params list of the wrong length, or a SGLang check.
+        """
+        text, ids = body.get("text"), body.get("input_ids")
+        if text is None and ids is None:
+            raise BadRequest(NO_PROMPT)
+        if ids is not None:
+            batched = bool(ids) and isinstance(ids[0], list)
+            prompts = [list(p) for p in ids] if batched else [list(ids)]
+            texts: list[str | None] = [None] * len(prompts)
+        else:
+            batched = isinstance(text, list)
+            texts = list(text) if batched else [text]
+            prompts = [await self.encode(t) for t in texts]
+        sp_in = body.get("sampling_params") or {}
+        if isinstance(sp_in, list):
+            if len(sp_in) != len(prompts):
+                raise BadRequest(f"The number of sampling_params ({len(sp_in)}) does not match the batch size "
+                                 f"({len(prompts)}).")
+            sps = sp_in
+        else:
+            sps = [sp_in] * len(prompts)
+        subs, sub_sps = [], []
+        for p, t, sp in zip(prompts, texts, sps):
+            n = int(sp.get("n") or 1)
+            batched = batched or n > 1
+            mx = sp.get("max_new_tokens")
+            for j in range(max(1, n)):
+                sub = Sub(p, DEFAULT_MAX_NEW_TOKENS if mx is None else int(mx), stop_list(sp.get("stop")), j, t)
+                self.check_sub(sub, sp)
+                subs.append(sub)
+                sub_sps.append(sp)
+        return subs, sub_sps, batched
+
+    def _gen_result(self, sub: Sub, rid: str, t0: float) -> dict:
+        spec = self.s.launch.speculative
+        return {"text": sub.text, "output_ids": list(sub.out),
+                "meta_info": {"id": rid, "prompt_tokens": len(sub.ids), "completion_tokens": len(sub.out),
+                              "cached_tokens": 0, "spec_verify_ct": sub.vct if spec else len(sub.out),
+                              "finish_reason": sub.finish, "e2e_latency": time.monotonic() - t0}}
 
     async def h_generate(self, request: web.Request) -> web.StreamResponse:
-        """SGLang's native ``/generate`` (``input_ids`` or ``text``; stream or not)."""
+        """SGLang's native ``/generate``: ``text`` or ``input_ids`` (one prompt or a list: then a
+        list of results, or, streaming, chunks with an ``index``), ``sampling_params``
+        (``max_new_tokens``, ``n``, ``stop``, ...), ``stream``."""
         t_recv = time.monotonic()
-        if not self.s.ready:
-            return web.json_response({"error": "server not ready"}, status=503)
-        if self.s.fault == "http_503_once" and not getattr(self.s, "sent_503", False):  # right after green health
-            self.s.sent_503 = True
-            return web.json_response({"error": "emulated fault http_503_once"}, status=503)
-        body = await self._json_body(request)
+        early = self.not_ready()
+        if early is not None:
+            return early
+        body = await self.json_body(request)
+        if not isinstance(body, dict):
+            return web.json_response(openai_error("Input should be an object", err_type="Bad Request"), status=400)
         bad = contract_error(body)
         if bad is not None:
             return web.json_response({"error": bad}, status=400)
-        sp = body.get("sampling_params") or {}
-        max_new = int(sp.get("max_new_tokens", 128))
-        ids = self._input_ids(body)
-        bad = value_error(ids, max_new, self.s.engine())
-        if bad is not None:
-            return await self._value_error_response(request, bad, bool(body.get("stream")))
-        rid = body.get("rid") or f"{self.s.req_counter + 1:032x}"
+        stream = bool(body.get("stream"))
+        try:
+            subs, _sps, batched = await self._generate_subs(body)
+        except BadRequest as e:
+            return await self._value_error_response(request, str(e), stream)
+        base = body.get("rid")
+        rids = (list(base) if isinstance(base, list) else
+                [f"{base}_{i}" if batched else base for i in range(len(subs))] if base else
+                [f"{self.s.req_counter + 1 + i:032x}" for i in range(len(subs))])
         t0 = time.monotonic()
-        out_ids: list[int] = []
-
-        def chunk(verify_ct: int, done: bool) -> dict:
-            return {"text": ids_to_text(out_ids), "output_ids": list(out_ids),
-                    "meta_info": {"id": rid, "prompt_tokens": len(ids), "completion_tokens": len(out_ids),
-                                  "cached_tokens": 0, "spec_verify_ct": verify_ct if self.s.launch.speculative
-                                  else len(out_ids),
-                                  "finish_reason": {"type": "length", "length": len(out_ids)} if done else None,
-                                  "e2e_latency": time.monotonic() - t0}}
-
-        if body.get("stream"):
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await resp.prepare(request)
-            async with aclosing(self.s.generate(ids, max_new, bench=True, received=t_recv)) as gen:
-                async for new, vct, done in gen:
-                    out_ids.extend(new)
-                    await resp.write(f"data: {json.dumps(chunk(vct, done))}\n\n".encode())
+        if stream:
+            resp = await self.sse(request)
+            async with aclosing(self.run_all(subs, t_recv)) as gen:
+                async for i, _delta in gen:
+                    out = self._gen_result(subs[i], rids[i], t0)
+                    if batched:
+                        out["index"] = i
+                    await resp.write(f"data: {json.dumps(out)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
-        last = (0, False)
-        async for new, vct, done in self.s.generate(ids, max_new, bench=True, received=t_recv):
-            out_ids.extend(new)
-            last = (vct, done)
-        return web.json_response(chunk(*last))
-
-    async def h_completions(self, request: web.Request) -> web.StreamResponse:
-        """OpenAI ``/v1/completions`` (stream or not, with ``usage``)."""
-        t_recv = time.monotonic()
-        if not self.s.ready:
-            return web.json_response({"error": "server not ready"}, status=503)
-        body = await self._json_body(request)
-        prompt = body.get("prompt", "")
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-            ids = [int(i) for i in prompt]
-        else:
-            ids = text_to_ids(prompt if isinstance(prompt, str) else " ".join(map(str, prompt)), self.s.vocab)
-        if not isinstance(body.get("max_tokens", 16), int) or isinstance(body.get("max_tokens"), bool):
-            return web.json_response(openai_error("max_tokens must be an integer"), status=400)
-        max_new = int(body.get("max_tokens", 16))
-        bad = value_error(ids, max_new, self.s.engine())
-        if bad is not None:
-            return web.json_response(openai_error(bad), status=400)
-        model = body.get("model") or self.s.launch.args.get("served_model_name") or self.s.launch.model_path
-        cid = f"cmpl-{self.s.req_counter + 1:024x}"
-        created = int(time.time())
-        n_out = 0
-
-        def usage() -> dict:
-            return {"prompt_tokens": len(ids), "completion_tokens": n_out, "total_tokens": len(ids) + n_out}
-
-        if body.get("stream"):
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await resp.prepare(request)
-            async with aclosing(self.s.generate(ids, max_new, bench=True, received=t_recv)) as gen:
-                async for new, _vct, done in gen:
-                    n_out += len(new)
-                    c = {"id": cid, "object": "text_completion", "created": created, "model": model,
-                         "choices": [{"index": 0, "text": ids_to_text(new), "logprobs": None,
-                                      "finish_reason": "length" if done else None}]}
-                    if done:
-                        c["usage"] = usage()
-                    await resp.write(f"data: {json.dumps(c)}\n\n".encode())
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-            return resp
-        toks: list[int] = []
-        async for new, _vct, _done in self.s.generate(ids, max_new, bench=True, received=t_recv):
-            toks.extend(new)
-            n_out = len(toks)
-        return web.json_response({"id": cid, "object": "text_completion", "created": created, "model": model,
-                                  "choices": [{"index": 0, "text": ids_to_text(toks), "logprobs": None,
-                                               "finish_reason": "length"}], "usage": usage()})
+        async with aclosing(self.run_all(subs, t_recv)) as gen:
+            async for _ in gen:
+                pass
+        results = [self._gen_result(s, r, t0) for s, r in zip(subs, rids)]
+        return web.json_response(results if batched else results[0])
 
     async def _value_error_response(self, request: web.Request, message: str, stream: bool) -> web.StreamResponse:
         """SGLang's answer to a request its tokenizer manager rejects (a ValueError): 400
@@ -185,8 +292,7 @@ class HttpApi:
         (srt/entrypoints/http_server.py ``serve_generate_request``, ``_create_error_response``)."""
         if not stream:
             return web.json_response({"error": {"message": message}}, status=400)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        resp = await self.sse(request)
         err = {"error": {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}}
         await resp.write(f"data: {json.dumps(err)}\n\n".encode() + b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -200,6 +306,7 @@ class HttpApi:
         args["speculative_num_draft_tokens"] = self.s.pred.spec.get("num_draft_tokens",
                                                                   args.get("speculative_num_draft_tokens"))
         info: dict[str, Any] = dict(args)
+        info["tokenizer_path"] = self.tokenizer_path
         info["internal_states"] = [{"avg_spec_accept_length": float(self.s.last_tau),
                                     "last_gen_throughput": float(self.s.last_rate)}]
         info["version"] = str(self.s.profile["emulator"]["sglang_version"])
@@ -209,18 +316,27 @@ class HttpApi:
         return web.json_response(info)
 
     async def h_model_info(self, request: web.Request) -> web.Response:
-        """``/get_model_info``."""
-        return web.json_response({"model_path": self.s.launch.model_path,
-                                  "tokenizer_path": self.s.launch.args.get("tokenizer_path") or self.s.launch.model_path,
+        """``/get_model_info``; ``tokenizer_path`` is the directory to pass as a client's ``--tokenizer``."""
+        return web.json_response({"model_path": self.s.launch.model_path, "tokenizer_path": self.tokenizer_path,
                                   "is_generation": True, "preferred_sampling_params": None,
                                   "weight_version": "default", "has_image_understanding": False,
                                   "has_audio_understanding": False, "model_type": "kimi_k25",
                                   "architectures": [self.s.profile["model"]["emulator"].get("architecture")]})
 
     async def h_models(self, request: web.Request) -> web.Response:
-        """OpenAI ``/v1/models``."""
-        name = self.s.launch.args.get("served_model_name") or self.s.launch.model_path
-        return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "sglang"}]})
+        """OpenAI ``/v1/models`` (SGLang's ``ModelCard`` fields, plus ``tokenizer_path``)."""
+        eng = self.s.engine() if self.s.ready else None
+        card = {"id": self.model_name, "object": "model", "created": int(self.s.t_start), "owned_by": "sglang",
+                "root": self.s.launch.model_path, "parent": None,
+                "max_model_len": eng.context_len if eng is not None else None,
+                "tokenizer_path": self.tokenizer_path}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def h_metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text (``--enable-metrics``), in SGLang's metric names."""
+        eng = self.s.engine() if self.s.ready else None
+        text = self.metrics.render(eng, self.model_name, self.s.last_rate)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def h_emulator_requests(self, request: web.Request) -> web.Response:
         """Emulator-only: every request the batching scheduler got, in order (arrival in the

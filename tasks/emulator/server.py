@@ -8,8 +8,9 @@ Behaviour (see docs/emulator.md):
 * replays the modelled startup log with sleeps × ``time_scale``; binds HTTP after the
   weights load (``/health`` is 503 until ready); on a modelled failure prints the
   SGLang-like traceback, kills its children and SIGKILLs itself (exit -9) or exits 1;
-* serves /health, /health_generate, /generate (stream or not), /v1/completions,
-  /server_info, /get_server_info, /get_model_info, pacing tokens at absolute deadlines;
+* serves SGLang's HTTP API (``tasks.emulator.http_api``: /generate, the OpenAI routes, ...),
+  pacing tokens at absolute deadlines; text is tokenized with the shipped tokenizer
+  (``tasks.emulator.tokenizer``), loaded while the startup log replays;
 * SIGTERM: terminates its children, waits ``teardown_s × time_scale``, exits 0
   (faults ``ignore_sigterm`` and ``orphan_children`` change that).
 """
@@ -36,6 +37,7 @@ from tasks.emulator.model import evaluate
 from tasks.emulator.physics import run_factor
 from tasks.emulator.prediction import Prediction
 from tasks.emulator.profile import profile_from_env
+from tasks.emulator.tokenizer import EmulatorTokenizer, default_tokenizer
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 BENCH_FAULTS = ("crash_bench", "stall_bench", "early_exit")
@@ -81,6 +83,7 @@ class EmulatedServer:
         self.last_tau = pred.accept_length
         self.last_rate = 0.0
         self.t_start = time.time()
+        self.tok: EmulatorTokenizer | None = None  # set before ready (loaded during the startup replay)
 
     # ---------------------------------------------------------------- logging
     def out(self, line: str) -> None:
@@ -171,6 +174,7 @@ class EmulatedServer:
             loop.add_signal_handler(signal.SIGTERM, self.on_sigterm)
         loop.add_signal_handler(signal.SIGINT, self.on_sigterm)
         self.spawn_ranks()
+        tok_loading = loop.run_in_executor(None, self.load_tokenizer)
         t0 = time.monotonic()
         events = self.pred.events
         if self.fault == "crash_startup":
@@ -190,6 +194,7 @@ class EmulatedServer:
                 else:
                     await self.bind()
             elif ev.kind == "ready":
+                await tok_loading
                 if bind_delay:
                     await asyncio.sleep(bind_delay)
                     await self.bind()
@@ -204,6 +209,16 @@ class EmulatedServer:
         if self.pred.outcome != "ok":
             self.die(self.pred.failure.exit_code)
         await asyncio.Event().wait()
+
+    def load_tokenizer(self) -> EmulatorTokenizer:
+        """The tokenizer: ``--tokenizer-path`` when it is a local directory with a
+        ``tokenizer.json``, else the shipped one (``tasks.emulator.tokenizer.TOKENIZER_DIR``)."""
+        given = self.launch.args.get("tokenizer_path")
+        if given and (Path(given) / "tokenizer.json").is_file():
+            self.tok = EmulatorTokenizer(given)
+        else:
+            self.tok = default_tokenizer()
+        return self.tok
 
     def _prefix(self, tag: str | None) -> str:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
@@ -240,9 +255,14 @@ class EmulatedServer:
         elif self.fault == "stall_bench":
             self.stalled.set()
 
-    async def generate(self, input_ids: list[int], max_new: int, bench: bool, received: float | None = None):
+    async def generate(self, input_ids: list[int], max_new: int, bench: bool, received: float | None = None,
+                       sample: int = 0):
         """Async generator of (new_token_ids, verify_passes_so_far, finished) at the batching
         scheduler's times; closing it early (client gone, handler cancelled) aborts the request.
+
+        The ids are the tokenizer's output tokens (:meth:`EmulatorTokenizer.output_id`) of a
+        hash of (prompt ids, ``sample``, position): ``sample`` tells the ``n`` choices of one
+        prompt apart (0 = the first, as a request without ``n``).
 
         Raises:
             RequestRejected: the request can never fit the KV pool.
@@ -252,12 +272,13 @@ class EmulatedServer:
         self.active += 1
         if bench and self.first_bench_t is None:
             self.first_bench_t = time.monotonic()
-        key = prompt_key(input_ids)
+        key = prompt_key(input_ids) if sample == 0 else zlib.crc32(f"{prompt_key(input_ids)}/{sample}".encode())
         vocab, corrupt = self.vocab, self.fault == "corrupt_tokens"
+        tok = self.tok or self.load_tokenizer()
 
         def tid(pos: int) -> int:
             t = token_id(key, pos, vocab)
-            return (t + 7919) % vocab if corrupt and pos >= 1 else t
+            return tok.output_id((t + 7919) % vocab if corrupt and pos >= 1 else t)
 
         max_new = max(1, int(max_new))
         rid = eng.submit(len(input_ids), max_new, received)

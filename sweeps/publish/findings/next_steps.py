@@ -1,0 +1,169 @@
+"""The "Next steps" section: what is worth running next, from what this sweep left open.
+
+* untried regions: knob levels and approaches never launched (levels only skipped by a
+  known dead end are not a region: the rule says why);
+* ties: confirmed configs whose interval overlaps the winner's (more repeats decide them);
+* rechecks after an upgrade: dead ends whose class depends on the GPU architecture or a
+  component version (``recheck_classes.yaml`` beside this module), with the recheck command;
+* the plots, linked relative to the document (also on the MLflow parent run).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sweeps.publish.findings.context import Context
+from sweeps.publish.findings.groups import Group
+from sweeps.publish.findings.load import break_evens, curve
+from sweeps.publish.findings.text import fmt, trials
+from sweeps.publish.findings.untried import open_approaches
+from sweeps.store import records
+
+RECHECK_FILE = Path(__file__).with_name("recheck_classes.yaml")
+# The PNGs sweeps.publish.plots.write_plots writes, listed when the plots directory is not there yet.
+DEFAULT_PLOTS = ("optimization_history.png", "param_importances.png", "toks_by_allreduce_speculation.png",
+                 "failures_by_class.png", "eagle_draft_acceptance.png")
+
+
+def load_recheck_classes(path: Path = RECHECK_FILE) -> dict[str, list[str]]:
+    """failure class -> fingerprint components whose upgrade is worth a recheck.
+
+    Raises:
+        ValueError: the file is not a mapping of a canonical class (``tasks.failures.KIND``)
+            to a list of fingerprint components (``sweeps.rules.knowledge.version_components``).
+    """
+    from sweeps.rules.knowledge import version_components
+    from tasks.failures import KIND
+
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of failure class -> components")
+    for cls, comps in data.items():
+        if cls not in KIND:
+            raise ValueError(f"{path}: {cls!r} is not a canonical failure class")
+        known = version_components()
+        if not isinstance(comps, list) or not comps or any(c not in known for c in comps):
+            raise ValueError(f"{path}: {cls}: expected a list of {list(known)}, got {comps!r}")
+    return {k: list(v) for k, v in data.items()}
+
+
+RECHECK_CLASSES = load_recheck_classes()
+
+
+def _untried_lines(ctx: Context, recs: Sequence[records.TrialRecord], groups: dict[tuple, Group], gk: list[str]) -> list[str]:
+    if ctx.space is None:
+        return []
+    launched = [r for r in recs if r.launched]
+    dead = {(k, r.params[k]) for r in recs if r.status == "skipped" and r.duplicate_of is None for k in r.params}
+    regions: list[str] = []
+    for p in ctx.space.params:
+        try:
+            lv = p.levels()
+        except Exception:  # noqa: BLE001 - a continuous float: the "Still untried" section gives its range
+            continue
+        tried = {r.params.get(p.name) for r in launched if p.name in r.params}
+        open_ = [v for v in lv if v not in tried and (p.name, v) not in dead]
+        if open_:
+            regions.append(f"`{p.name}` = " + ", ".join(str(v) for v in open_))
+    combos = open_approaches(ctx, recs, groups, gk) if gk else []
+    out = []
+    if regions:
+        out.append("- **Untried levels** (never launched, no known dead end): " + "; ".join(regions) + ".")
+    if combos:
+        out.append("- **Untried approaches** (no known dead end): " + "; ".join(combos) + ".")
+    if out:
+        out.append(f"  Continue the study with a larger budget: `python run_sweep.py sweep={ctx.sweep or ctx.study} "
+                   f"study_name={ctx.study} sweep.budget.trials=<more>`.")
+    return out
+
+
+def _overlaps(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    lo1, hi1, lo2, hi2 = (x.get(k) for x in (a, b) for k in ("ci_low", "ci_high"))
+    vals = (lo1, hi1, lo2, hi2)
+    if any(not isinstance(v, int | float) or not math.isfinite(v) for v in vals):
+        return False
+    return lo1 <= hi2 and lo2 <= hi1
+
+
+def _tie_lines(ctx: Context) -> list[str]:
+    conf = ctx.confirmation or {}
+    win = next((e for e in conf.get("entries", []) if e.get("trial") == conf.get("winner")), None)
+    if win is None:
+        return []
+    ties = [e for e in conf.get("entries", []) if e is not win and not e.get("is_baseline")
+            and e.get("tokens_match") is not False and e.get("n") and _overlaps(win, e)]
+    if not ties:
+        return []
+    rep = int(conf.get("repeats") or 0)
+    desc = "; ".join(f"t{e['trial']} {fmt(e.get('mean'))} ({fmt(e.get('ci_low'))}–{fmt(e.get('ci_high'))})" for e in ties)
+    return [f"- **Ties that need more repeats**: the winner t{win['trial']} {fmt(win.get('mean'))} "
+            f"({fmt(win.get('ci_low'))}–{fmt(win.get('ci_high'))}) overlaps {desc} at {rep} repeats. "
+            f"Re-run the confirmation with more: `python run_sweep.py sweep={ctx.sweep or ctx.study} "
+            f"study_name={ctx.study} sweep.confirm.repeats={max(2 * rep, rep + 3)}`."]
+
+
+def _recheck_lines(ctx: Context, recs: Sequence[records.TrialRecord]) -> list[str]:
+    seen: dict[str, list[int]] = {}
+    skipped: dict[str, int] = {}
+    for r in recs:
+        if r.duplicate_of is not None:
+            continue
+        if r.status == "skipped" and r.failure_class in RECHECK_CLASSES:
+            skipped[r.failure_class] = skipped.get(r.failure_class, 0) + 1
+            continue
+        cls = r.failure_class if r.status == "failed" else (
+            records.DEGRADED if r.status == "ok" and not records.counts_for_level(r) else None)
+        if cls in RECHECK_CLASSES:
+            seen.setdefault(cls, []).append(r.number)
+    if not seen:
+        return []
+    parts = [f"{cls} ({trials(ns, 4)}" + (f", {skipped[cls]} skipped" if skipped.get(cls) else "")
+             + f"; after a {' / '.join(RECHECK_CLASSES[cls])} upgrade)" for cls, ns in sorted(seen.items())]
+    return ["- **Rechecks worth running after an upgrade** (dead ends that depend on the GPU architecture or a "
+            "component version): " + "; ".join(parts)
+            + f". Re-run each once on the new stack: `python run_sweep.py sweep=recheck source={ctx.study} "
+            "node=<the upgraded node>` (on the node they were learned on they all still apply, and nothing is "
+            "re-run)."]
+
+
+def expected_plots(ctx: Context, recs: Sequence[records.TrialRecord]) -> list[str]:
+    """The PNGs the report writes for these records (:func:`sweeps.publish.plots.write_plots`):
+    :data:`DEFAULT_PLOTS`, plus ``throughput_latency_curves.png`` when a trial has a load curve,
+    ``pareto_front.png`` for several objectives and ``speculative_speedup_by_concurrency.png``
+    with concurrency levels. The findings are written before the plots, so the directory alone
+    would miss the plots a sweep's first write has not drawn yet."""
+    names = list(DEFAULT_PLOTS)
+    if any(r.status == "ok" and r.duplicate_of is None and curve(r) for r in recs):
+        names.append("throughput_latency_curves.png")
+    if getattr(ctx.objectives, "multi", False):
+        names.append("pareto_front.png")
+    if break_evens(recs):
+        names.append("speculative_speedup_by_concurrency.png")
+    return names
+
+
+def plot_links(ctx: Context, recs: Sequence[records.TrialRecord] = ()) -> list[str]:
+    """Markdown links to the study's PNG plots, relative to the findings document: those on
+    disk and those the report writes for ``recs`` (:func:`expected_plots`)."""
+    if ctx.plots_dir is None:
+        return []
+    pdir = Path(ctx.plots_dir)
+    names = sorted({p.name for p in pdir.glob("*.png")} if pdir.is_dir() else set())
+    names += [n for n in expected_plots(ctx, recs) if n not in names]
+    start = Path(ctx.findings_path).parent if ctx.findings_path else Path.cwd()
+    rel = Path(os.path.relpath(pdir, start)).as_posix()
+    links = ", ".join(f"[{n.removesuffix('.png')}]({rel}/{n})" for n in names)
+    return [f"- **Plots**: {links} (written by the sweep and `python -m sweeps.report {ctx.study}`; "
+            "also attached to the MLflow parent run under `plots/`)."]
+
+
+def next_steps_section(ctx: Context, recs: Sequence[records.TrialRecord], groups: dict[tuple, Group], gk: list[str]) -> list[str]:
+    """The "Next steps" section (always present: at least the plots)."""
+    lines = _untried_lines(ctx, recs, groups, gk) + _tie_lines(ctx) + _recheck_lines(ctx, recs) + plot_links(ctx, recs)
+    return ["### Next steps", "", *(lines or ["Nothing left open."]), ""]

@@ -1,0 +1,188 @@
+"""The findings sections that are not about the baseline, dead ends or untried configs:
+the counts line, environment, best config with its confirmation, the approaches table and
+the earlier sweeps of the document. Each returns its markdown lines."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sweeps.publish.findings.measure as measure
+from sweeps.config.objective import Objective
+from sweeps.publish.findings.best import measured
+from sweeps.publish.findings.context import Context, fp_hash
+from sweeps.publish.findings.groups import Group, best_in, outcome
+from sweeps.publish.findings.text import cfg, code, fmt, row
+from sweeps.store import records
+
+MAX_GROUP_ROWS = 40
+
+
+def counts_line(ctx: Context, recs: Sequence[records.TrialRecord], summary: Any = None) -> str:
+    """"Updated ...": trials launched by outcome, answered without GPU time, GPU-hours, running.
+    With the study's ``summary`` (:class:`sweeps.publish.summary.StudySummary`) its counts and
+    GPU-hours (every launch: confirmations and serving checks too), the console's numbers."""
+    n_run = sum(r.state == "RUNNING" for r in recs)
+    if summary is not None:
+        return (f"Updated {ctx.now}. {summary.counts_text()} {summary.gpu.text()}."
+                + (f" **{n_run} trial(s) running.**" if n_run else ""))
+    launched = [r for r in recs if r.launched]
+    n_ok = sum(r.status == "ok" for r in launched)
+    n_fail = sum(r.status == "failed" for r in launched)
+    n_infra = sum(r.status in ("infra_error", "interrupted") for r in launched)
+    n_rule = sum(r.status == "skipped" and r.duplicate_of is None for r in recs)
+    n_dup = sum(r.duplicate_of is not None for r in recs)
+    n_inf = sum(r.status == "infeasible" for r in recs)
+    gpu_h = sum(r.timings.get("gpu_s", 0.0) for r in recs) / 3600.0
+    return (f"Updated {ctx.now}. {len(launched)} trials launched ({n_ok} ok, {n_fail} failed, {n_infra} infra/interrupted), "
+            f"{n_rule + n_dup + n_inf} answered without GPU time ({n_rule} known dead ends, {n_dup} duplicates, "
+            f"{n_inf} infeasible); {gpu_h:.2f} GPU-hours"
+            + (" on the emulated node (modelled, no real GPU time)." if ctx.emulated else ".")
+            + (f" **{n_run} trial(s) running.**" if n_run else ""))
+
+
+def environment_section(ctx: Context) -> list[str]:
+    """The "Environment" section: node, backend, model, fingerprint."""
+    node, model, fp = ctx.node, ctx.model, ctx.fingerprint
+    L = ["### Environment", "",
+         f"- node: `{node.get('name', '?')}` — {node.get('gpus', '?')}× {node.get('gpu_name', '?')} "
+         f"(SM {node.get('compute_capability', '?')}, {node.get('interconnect', '?')}); backend `{ctx.backend}`",
+         f"- model: `{model.get('name', '?')}` ({model.get('path', '?')})"
+         + (f", draft {model['draft_path']}" if model.get("draft_path") else "")]
+    if fp:
+        L.append("- fingerprint `" + (fp_hash(fp) or "?") + "`: " + ", ".join(f"{k} {v}" for k, v in sorted(fp.items())))
+    else:
+        L.append("- fingerprint: not collected yet")
+    L.append("")
+    return L
+
+
+def confirmation_lines(conf: Mapping[str, Any], obj: Objective | None = None) -> list[str]:
+    """The "Confirmation" table: every re-measured config with its mean objective value
+    (default decode_tok_s), interval, speedup, token comparison and verdict."""
+    obj = obj or Objective()
+    lv = conf.get("confidence", 0.95)
+    out = [f"Top {conf.get('top_k')} configs and the baseline re-measured {conf.get('repeats')}× each "
+           f"(fresh launches; the sweep's own measurement is not reused, so a lucky draw cannot win); "
+           f"mean {measure.wording(obj)} with {lv * 100:.0f} % t-intervals; greedy output token ids compared with the "
+           f"baseline's for the same prompts.", "",
+           f"| trial | config | runs | mean {measure.column(obj)} | 95 % CI | speedup (95 % CI) | tokens | verdict |",
+           "|---|---|---|---|---|---|---|---|"]
+    for e in conf.get("entries", []):
+        sp = e.get("speedup_mean")
+        spci = e.get("speedup_ci") or [None, None]
+        tok = "reference" if e.get("is_baseline") else {True: "= baseline", False: "**differ**",
+                                                          None: "not compared"}[e.get("tokens_match")]
+        out.append(row([
+            f"t{e['trial']}" + (" (baseline)" if e.get("is_baseline") else ""), e.get("label", cfg(e.get("config", {}))),
+            f"{e.get('n', 0)}/{conf.get('repeats')}", fmt(e.get("mean")),
+            f"{fmt(e.get('ci_low'))}–{fmt(e.get('ci_high'))}",
+            f"{fmt(sp, 3)} ({fmt(spci[0], 3)}–{fmt(spci[1], 3)})" if sp else "–",
+            tok, e.get("verdict", "")]))
+    if conf.get("winner_note"):
+        out += ["", conf["winner_note"]]
+    return out
+
+
+def _confirmed_line(winner_entry: Mapping[str, Any] | None, conf: Mapping[str, Any] | None, obj: Objective) -> str:
+    if winner_entry:
+        return (f"Confirmed: {measure.value_text(winner_entry.get('mean'), obj)} mean over {winner_entry.get('n')} fresh runs "
+                f"(95 % CI {fmt(winner_entry.get('ci_low'))}–{fmt(winner_entry.get('ci_high'))}); greedy output "
+                + {True: "identical to the baseline's.", False: "DIFFERS from the baseline's.",
+                   None: "not compared (no token ids)."}[winner_entry.get("tokens_match")])
+    if conf and conf.get("winner") is None:
+        return "**Not confirmed:** " + str(conf.get("winner_note") or "no config passed the confirmation.")
+    return "Measured once in the sweep; not yet confirmed with repeats."
+
+
+def _metrics_line(m: Mapping[str, float], obj: Objective) -> str:
+    """The best config's other metrics (decode tok/s among them when it is not the objective)."""
+    decode = "" if obj.name == measure.DECODE else f"decode {fmt(m.get('decode_tok_s'))} tok/s, "
+    return (f"({decode}TTFT p50 {fmt(m.get('ttft_ms_p50'), 0)} ms, ITL p50 {fmt(m.get('itl_ms_p50'))} ms, "
+            f"ITL p99 {fmt(m.get('itl_ms_p99'))} ms, acceptance length {fmt(m.get('accept_length'), 2)})")
+
+
+def best_section(best: records.TrialRecord | None, base: float | None, conf: Mapping[str, Any] | None,
+                 winner_entry: Mapping[str, Any] | None, obj: Objective | None = None,
+                 ctx: Context | None = None, summary: Any = None) -> list[str]:
+    """The "Best config" section (the confirmed winner where confirmation ran, quoted at its
+    confirmed mean; best on the objective, default decode_tok_s, otherwise), its tie group and
+    serving check (from the study's ``summary``), its deployable command (``ctx``'s backend; the
+    recorded launch command without ``ctx``) and the "Confirmation" table."""
+    obj = obj or Objective()
+    L = ["### Best config", ""]
+    m = measured(best, conf, obj) if best is not None else None
+    v = m.value if m else None
+    if best is None or v is None:
+        L.append("No successful trial yet.")
+    else:
+        sp = obj.ratio(v, base) if base and v else None
+        L.append(f"**t{best.number}: {measure.value_text(v, obj)}**"
+                 + (f", **{sp:.2f}x** {measure.versus_baseline(obj)}" if sp else "") + f" — {cfg(best.params)}"
+                 + (ctx.where() if ctx else ""))
+        L.append(_metrics_line(best.metrics, obj))
+        single = (f" The sweep's single measurement of t{best.number} was {measure.value_text(measure.value_of(best, obj), obj)}."
+                  if m.confirmed else "")
+        L.append(_confirmed_line(winner_entry, conf, obj) + single)
+        if summary is not None:
+            extra = [x for x in (summary.tie_text(), summary.serving_text()) if x]
+            L += ["", *(f"- {x[0].upper()}{x[1:]}" for x in extra)] if extra else []
+        cmd, what = (ctx.deploy_command(best.params, best.launch_command) if ctx
+                     else (best.launch_command or "(launch command not recorded)", "recorded launch command"))
+        L += ["", f"To deploy it ({what}):", "", "```bash", cmd, "```"]
+        if best.launch_command and best.launch_command != cmd:
+            L += ["", f"What the sweep launched{ctx.where() if ctx else ''}: {code(best.launch_command)}"]
+    L.append("")
+    if conf:
+        L += ["### Confirmation", ""] + confirmation_lines(conf, obj) + [""]
+    return L
+
+
+def approaches_section(gk: list[str], groups: dict[tuple, Group], base: float | None,
+                       obj: Objective | None = None, conf: Mapping[str, Any] | None = None) -> list[str]:
+    """The "Approaches" table: one row per combination of the grouping knobs (only those
+    launched or skipped when there are more than :data:`MAX_GROUP_ROWS`), with the best
+    objective value (default decode_tok_s; a sweep measurement, followed by its confirmed
+    mean when ``conf`` re-measured that trial) and its ratio to the baseline."""
+    obj = obj or Objective()
+    if not gk:
+        return []
+    L = [f"### Approaches ({' × '.join(gk)})", "",
+         "| " + " | ".join(gk) + f" | best {measure.column(obj)} | speedup | launched | skipped | outcome |",
+         "|" + "---|" * (len(gk) + 5)]
+    rows = list(groups.values())
+    if len(rows) > MAX_GROUP_ROWS:
+        rows = [g for g in rows if g.launched or g.skipped]
+    for g in rows:
+        bv, bt = best_in(g, obj)
+        cm = measured(next(r for r in g.ok if r.number == bt), conf, obj) if bv is not None else None
+        best_txt = f"{fmt(bv)} (t{bt})" + (f", confirmed {fmt(cm.value)}" if cm and cm.confirmed else "")
+        L.append(row([*g.key, best_txt if bv is not None else "–",
+                      f"{sp:.2f}x" if (sp := measure.ratio(bv, base, obj)) is not None else "–",
+                      g.launched, len(g.skipped), outcome(g, base, obj)]))
+    L.append("")
+    return L
+
+
+def _sweep_value(e: Mapping[str, Any], which: str, obj: Objective) -> str:
+    """An earlier sweep's ``best``/``baseline`` value; suffixed with its metric when that
+    sweep ranked by another objective (entries without one measured decode_tok_s)."""
+    v = e.get(f"{which}_value", e.get(f"{which}_tok_s"))
+    theirs = e.get("objective", measure.DECODE)
+    v = v if isinstance(v, int | float) else None
+    return fmt(v) if theirs == obj.name else f"{fmt(v)} ({theirs})"
+
+
+def earlier_sweeps_section(prev: Sequence[Mapping[str, Any]], obj: Objective | None = None) -> list[str]:
+    """The "Earlier sweeps in this document" table (empty without earlier sweeps)."""
+    obj = obj or Objective()
+    if not prev:
+        return []
+    col = measure.column(obj)
+    L = ["### Earlier sweeps in this document", "",
+         f"| sweep | date | launched | baseline {col} | best {col} | best config |", "|---|---|---|---|---|---|"]
+    for e in prev[-10:]:
+        L.append(row([e.get("study"), e.get("date"), e.get("launched", ""), _sweep_value(e, "baseline", obj),
+                      _sweep_value(e, "best", obj), cfg(e.get("best_config") or {})]))
+    L.append("")
+    return L

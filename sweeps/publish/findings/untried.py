@@ -1,0 +1,191 @@
+"""The "Still untried" and "Coverage" sections: knob levels never launched (each with the
+real reason: the rule that answered its proposals, named by its knobs), approaches never
+tried, how many configs of the space are left once known dead ends are excluded, and how
+the launches split over the sweep's approaches and each knob's levels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sweeps.publish.findings.context import Context
+from sweeps.publish.findings.groups import Group, outcome
+from sweeps.search.untried import knowledge_filter
+from sweeps.store import records as trial_records
+
+ENUM_LIMIT = 200_000  # configs enumerated to count what is left untried (the campaign space: 37 296)
+
+# Enumerating a space costs seconds on the campaign space; once per space object.
+_ENUM_CACHE: dict[int, list[dict[str, Any]] | None] = {}
+
+
+def _enumerated(space: Any) -> list[dict[str, Any]] | None:
+    key = id(space)
+    if key not in _ENUM_CACHE:
+        try:
+            cfgs = list(space.enumerate(limit=ENUM_LIMIT + 1))
+            _ENUM_CACHE[key] = cfgs if len(cfgs) <= ENUM_LIMIT else None
+        except Exception:  # noqa: BLE001 - continuous float param
+            _ENUM_CACHE[key] = None
+    return _ENUM_CACHE[key]
+
+
+def _fingerprint_hash(ctx: Context) -> str | None:
+    if not (ctx.rules and ctx.fingerprint):
+        return None
+    try:
+        from sweeps.rules.store import fingerprint_hash
+
+        return fingerprint_hash(ctx.fingerprint)
+    except ValueError:
+        return None
+
+
+def _knowledge(ctx: Context, records: Sequence[trial_records.TrialRecord]) -> Callable[[Mapping[str, Any]], bool]:
+    """True for knob values (a whole config or an approach's few knobs) no known dead end
+    excludes: a silently degraded allreduce level, or a rule whose every knob they set."""
+    return knowledge_filter(records, ctx.rules, _fingerprint_hash(ctx), ctx.model.get("name"), ctx.study)
+
+
+def open_approaches(ctx: Context, records: Sequence[trial_records.TrialRecord], groups: dict[tuple, Group],
+                    gk: list[str]) -> list[str]:
+    """``k=v × k=v`` of the approaches never launched that no known dead end excludes."""
+    keys = [key for key, g in groups.items() if outcome(g, None) == "untried"]
+    ok = _knowledge(ctx, records)
+    return [" × ".join(f"{k}={v}" for k, v in zip(gk, key)) for key in keys if ok(dict(zip(gk, key)))]
+
+
+def remaining(ctx: Context, records: Sequence[trial_records.TrialRecord]) -> tuple[int, int, int, int] | None:
+    """(feasible configs, launched, excluded by rules/degraded levels or answered without GPU
+    time, untried and not excluded): a partition, the last three add up to the first. None for
+    an infinite or huge space (over :data:`ENUM_LIMIT` configs)."""
+    cfgs = _enumerated(ctx.space)
+    if cfgs is None:
+        return None
+    launched = {trial_records.config_key(r.params) for r in records if r.launched}
+    skipped = {trial_records.config_key(r.params) for r in records if r.status == "skipped"}
+    ok = _knowledge(ctx, records)
+    n_launched = left = excluded = 0
+    for c in cfgs:
+        k = trial_records.config_key(c)
+        if k in launched:
+            n_launched += 1
+        elif not ok(c) or k in skipped:
+            excluded += 1
+        else:
+            left += 1
+    return len(cfgs), n_launched, excluded, left
+
+
+def _rule_text(rules_by_id: Mapping[str, Any], rule_id: str | None) -> str:
+    """``rule #4 (moe_a2a_backend=flashinfer)`` for a learned rule, or the stored reason
+    (a silently degraded allreduce level is stored as its reason text)."""
+    if rule_id is None:
+        return "a known dead end"
+    r = rules_by_id.get(str(rule_id))
+    if r is None:
+        return f"rule #{rule_id}" if str(rule_id).isdigit() else str(rule_id)
+    knobs = ", ".join(f"{k}={v}" for k, v in sorted(r.knobs.items()))
+    return f"rule #{r.id} ({knobs}, {r.failure_class})"
+
+
+def level_reason(ctx: Context, records: Sequence[trial_records.TrialRecord], knob: str, level: Any,
+                 ok: Callable[[Mapping[str, Any]], bool]) -> str:
+    """Why no trial launched ``knob=level``: the rules (named by their knobs) that answered its
+    proposals, the dead end that excludes the level on its own, or that it was not drawn yet.
+
+    Args:
+        ctx: the findings context (its rules).  records: every trial.  ok: :func:`_knowledge`."""
+    rules_by_id = {str(r.id): r for r in ctx.rules}
+    hit: dict[str, int] = {}
+    own: list[str] = []
+    for r in records:
+        if r.status == "skipped" and r.duplicate_of is None and r.params.get(knob) == level:
+            t = _rule_text(rules_by_id, r.skipped_by_rule)
+            hit[t] = hit.get(t, 0) + 1
+            rule = rules_by_id.get(str(r.skipped_by_rule))
+            if rule is not None and knob in rule.knobs:
+                own.append(t)
+    if hit:
+        why = "; ".join(f"{t} ×{n}" if n > 1 else t for t, n in sorted(hit.items(), key=lambda kv: -kv[1]))
+        if own:
+            return f"a dead end of this level itself: {why}"
+        return f"its proposals were skipped by dead ends on other knobs: {why}"
+    if not ok({knob: level}):
+        own = [_rule_text(rules_by_id, str(r.id)) for r in ctx.rules if r.knobs == {knob: level}]
+        return "excluded by a known dead end: " + ("; ".join(own) if own else f"{knob}={level} degraded")
+    return "not proposed yet"
+
+
+def _knob_lines(ctx: Context, records: Sequence[trial_records.TrialRecord],
+                launched: Sequence[trial_records.TrialRecord]) -> list[str]:
+    lines: list[str] = []
+    ok = _knowledge(ctx, records)
+    for p in ctx.space.params:
+        try:
+            lv = p.levels()
+        except Exception:  # noqa: BLE001 - a continuous float: report the tried range instead
+            vals = [float(r.params[p.name]) for r in launched if p.name in r.params]
+            lines.append(f"- `{p.name}` (continuous {p.low}..{p.high}): tried "
+                         + (f"{min(vals):g}..{max(vals):g} in {len(vals)} trials" if vals else "nothing yet"))
+            continue
+        tried = {r.params.get(p.name) for r in launched if p.name in r.params}
+        never = [v for v in lv if v not in tried]
+        if not never:
+            continue
+        parts = [f"{v} ({level_reason(ctx, records, p.name, v, ok)})" for v in never]
+        cond = f" (when {', '.join(f'{k}={list(v)}' for k, v in p.when.items())})" if p.when else ""
+        lines.append(f"- `{p.name}`{cond}: never launched: {', '.join(parts)}")
+    return lines
+
+
+def coverage_lines(ctx: Context, launched: Sequence[trial_records.TrialRecord]) -> list[str]:
+    """Launches per approach (``sweep.approaches``) and per level of every finite knob.
+
+    Returns ``- approaches (`speculative`, min share 30 %): none 21 (70 %), eagle3 9 (30 %)``
+    and one ``- `knob`: level n (share), ...`` line per knob (levels in the space's order; a
+    conditional knob's shares are of the launches that set it)."""
+    lines: list[str] = []
+    n = len(launched)
+    if not n or ctx.space is None:
+        return lines
+    ap = ctx.approaches
+    for p in ctx.space.params:
+        try:
+            lv = p.levels()
+        except Exception:  # noqa: BLE001 - a continuous float has no levels to count
+            continue
+        counts = [(v, sum(1 for r in launched if r.params.get(p.name) == v)) for v in lv]
+        active = sum(c for _, c in counts)  # a conditional knob: the share of the launches that set it
+        if not active:
+            continue
+        cells = ", ".join(f"{v} {c} ({100 * c / active:.0f} %)" for v, c in counts)
+        if ap and p.name == ap.get("knob"):
+            short = [str(v) for v, c in counts if c / active < float(ap.get("min_share", 0))]
+            note = f"; below the share: {', '.join(short)}" if short else ""
+            lines.insert(0, f"- approaches (`{p.name}`, min share {100 * float(ap['min_share']):.0f} %): {cells}{note}")
+        else:
+            lines.append(f"- `{p.name}`: {cells}")
+    return lines
+
+
+def untried_section(ctx: Context, records: Sequence[trial_records.TrialRecord], groups: dict[tuple, Group],
+                    gk: list[str]) -> list[str]:
+    """The "Still untried" section."""
+    lines: list[str] = []
+    launched = [r for r in records if r.launched]
+    if ctx.space is not None:
+        lines = _knob_lines(ctx, records, launched)
+        combos = open_approaches(ctx, records, groups, gk) if gk else []
+        if combos:
+            lines.append("- approaches never tried (no known dead end): " + "; ".join(combos))
+        left = remaining(ctx, records)
+        if left is not None:
+            total, n_launched, excluded, rest = left
+            lines.append(f"- configs: {total} feasible in the space = {n_launched} launched + {excluded} excluded by "
+                         f"known dead ends + **{rest} not yet tried**")
+    cov = coverage_lines(ctx, launched)
+    out = ["### Still untried", "", *(lines or ["Every level of every knob has been launched at least once."]), ""]
+    if cov:
+        out += ["### Coverage (launched trials per approach and level)", "", *cov, ""]
+    return out

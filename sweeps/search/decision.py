@@ -1,0 +1,270 @@
+"""The statistics of the confirmation race: pure functions over repeat values (no I/O).
+
+:mod:`sweeps.search.confirm` re-launches the top configs and the baseline and calls these to
+decide, after each batch of repeats, whether the leader has separated from every other
+contender, is equivalent to some of them within a practical margin, or needs more repeats.
+
+The confirmation result (study user attribute ``confirmation``, returned by
+:func:`sweeps.search.confirm.confirm_top`) has this shape; fields marked *new* are added by
+the race, the others are as before::
+
+    {"top_k", "repeats" (initial repeats per config), "confidence", "candidates" (trials),
+     "baseline_trial", "winner" (the pick: trial or None), "winner_note", "date", "wall_s",
+     "round" (confirmation rounds that launched something, 0-based: the current one),
+     "max_repeats" (new: repeat budget per config), "margin" (new: relative equivalence margin),
+     "epoch" (new: evidence set; only ``force`` starts a new one),
+     "tie_group" (new: trials the decision cannot separate, the pick first),
+     "decision": {"status": "separated" | "equivalent" | "budget_spent" | "single",
+                  "reason": str, "leader": trial, "pick": trial, "tie_group": [trials],
+                  "tie_break": str} (new),
+     "decision_reason" (new: == decision["reason"]),
+     "launches" (new): [{"trial", "repeat" (0-based, per trial, over all rounds), "round",
+                         "status", "value", "failure", "metrics", "wall_s"}],
+     "entries": [{"trial", "config", "label", "is_baseline", "sweep_value", "values", "n",
+                  "mean", "ci_low", "ci_high", "speedup_mean", "speedup_ci", "tokens_match",
+                  "mismatch_detail", "failures", "violated", "verdict",
+                  "interval" (new: [ci_low, ci_high]),
+                  "ratio_interval" (new: Fieller interval of the speedup, == speedup_ci, >= 0,
+                                    high None when unbounded),
+                  "vs_leader" (new: "leader" | "separated" | "equivalent" | "undecided" | "out"),
+                  "in_tie_group" (new: bool), "non_default" (new: settings differing from the
+                  baseline's render: env vars + flags), "cost" (new: mean launch wall s),
+                  "serving_ok" (new: True / False / None = no serving check)}]}
+
+Tests: a contender is *separated* when the Welch interval (at ``confidence``) of the
+difference of means excludes 0 on the leader's side; *equivalent* when the two one-sided
+tests (TOST, Schuirmann 1987: the ``1 - 2*alpha`` Welch interval of the difference lies
+within ``+-margin * |leader mean|``) pass; otherwise *undecided* and both get more repeats.
+The tie group is the leader and every contender not separated from it. The pick within it:
+passes the serving check (True before None before False), then fewer non-default settings,
+then cheaper (mean launch wall time), then the better mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+#: What the tie-break says, in order (quoted by the summary and the findings).
+TIE_BREAK = ("passes the serving check, then fewer non-default settings (env vars, flags), "
+             "then cheaper (shorter launch), then the better mean")
+
+
+def _mean_var(v: Sequence[float]) -> tuple[float, float]:
+    """(mean, sample variance) of ``v`` (variance 0 for fewer than 2 values)."""
+    n = len(v)
+    m = sum(v) / n
+    return m, (sum((x - m) ** 2 for x in v) / (n - 1) if n > 1 else 0.0)
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float], confidence: float) -> tuple[float, float, float]:
+    """Two-sided Welch interval of ``mean(a) - mean(b)`` (Welch-Satterthwaite df; scipy's t).
+
+    Args:
+        a, b: measurements, at least 2 each.
+        confidence: e.g. 0.95.
+    Returns:
+        ``(difference, low, high)``; ``(d, d, d)`` when both samples have zero spread.
+    Raises:
+        ValueError: fewer than 2 values on either side.
+    """
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"welch_interval needs >= 2 values per side, got {len(a)} and {len(b)}")
+    ma, va = _mean_var(a)
+    mb, vb = _mean_var(b)
+    d = ma - mb
+    sa, sb = va / len(a), vb / len(b)
+    se = math.sqrt(sa + sb)
+    if se == 0:
+        return d, d, d
+    df = (sa + sb) ** 2 / ((sa**2 / (len(a) - 1) if sa else 0.0) + (sb**2 / (len(b) - 1) if sb else 0.0))
+    half = float(stats.t.ppf((1 + confidence) / 2, df)) * se
+    return d, d - half, d + half
+
+
+def fieller_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.95,
+                  ) -> tuple[float, float, float | None]:
+    """Ratio ``mean(a) / mean(b)`` of two independent positive samples with Fieller's interval
+    (Fieller 1954; df = min(n) - 1, conservative), clipped at 0: a ratio of rates is never
+    negative. When the denominator's mean is not significantly above 0 (``g >= 1``) the
+    interval is unbounded: ``(ratio, 0.0, None)``.
+
+    Returns:
+        ``(ratio, low, high)``; NaN bounds with fewer than 2 values on either side.
+    """
+    from scipy import stats
+
+    if not a or not b:
+        return float("nan"), float("nan"), float("nan")
+    ma, va = _mean_var(a)
+    mb, vb = _mean_var(b)
+    r = ma / mb if mb else float("nan")
+    if len(a) < 2 or len(b) < 2 or not math.isfinite(r):
+        return r, float("nan"), float("nan")
+    sa, sb = va / len(a), vb / len(b)  # variances of the means
+    t = float(stats.t.ppf((1 + confidence) / 2, min(len(a), len(b)) - 1))
+    g = t * t * sb / (mb * mb)
+    if g >= 1:
+        return r, 0.0, None
+    half = (t / abs(mb)) * math.sqrt(sa * (1 - g) + r * r * sb)
+    lo, hi = (r - half) / (1 - g), (r + half) / (1 - g)
+    return r, max(0.0, lo), max(0.0, hi)
+
+
+def tost_equivalent(a: Sequence[float], b: Sequence[float], margin: float, confidence: float) -> bool:
+    """Two one-sided tests: ``mean(a)`` and ``mean(b)`` are equivalent within ``+-margin``
+    (absolute, same unit) at level ``alpha = 1 - confidence`` (the ``1 - 2*alpha`` Welch
+    interval of the difference lies inside the margin). False with fewer than 2 values."""
+    if len(a) < 2 or len(b) < 2 or margin <= 0:
+        return False
+    _, lo, hi = welch_interval(a, b, 1 - 2 * (1 - confidence))
+    return -margin < lo and hi < margin
+
+
+def compare(leader: Sequence[float], other: Sequence[float], maximize: bool, margin: float,
+            confidence: float) -> str:
+    """``"separated"`` (the leader is better beyond the interval), ``"equivalent"`` (within
+    ``margin``, relative to the leader's mean) or ``"undecided"`` (more repeats needed)."""
+    if len(leader) < 2 or len(other) < 2:
+        return "undecided"
+    d, lo, hi = welch_interval(leader, other, confidence)
+    if (lo > 0) if maximize else (hi < 0):
+        return "separated"
+    m = abs(sum(leader) / len(leader)) * margin
+    return "equivalent" if tost_equivalent(leader, other, m, confidence) else "undecided"
+
+
+@dataclass
+class Contender:
+    """One config in the race: its trial number, values (ok repeats), launches so far
+    (ok or not), whether it may win, the baseline flag and the tie-break keys."""
+
+    trial: int
+    values: list[float]
+    launched: int
+    eligible: bool = True
+    is_baseline: bool = False
+    non_default: int = 0
+    cost: float = 0.0
+    serving_ok: bool | None = None
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values) if self.values else float("nan")
+
+
+@dataclass
+class Decision:
+    """The race's state: ``status`` (``"separated"``, ``"equivalent"``, ``"budget_spent"``,
+    ``"single"`` or ``"racing"``), the leader, per trial its relation to the leader, the
+    tie group (pick first), the pick and the trials that need another repeat."""
+
+    status: str
+    leader: int | None
+    relation: dict[int, str] = field(default_factory=dict)
+    tie_group: list[int] = field(default_factory=list)
+    pick: int | None = None
+    more: list[int] = field(default_factory=list)
+    reason: str = ""
+
+
+def pick_key(c: Contender, maximize: bool) -> tuple[int, int, float, float]:
+    """The tie-break (:data:`TIE_BREAK`) as a sort key: smaller is preferred."""
+    serving = {True: 0, None: 1, False: 2}[c.serving_ok]
+    return serving, c.non_default, c.cost, -c.mean if maximize else c.mean
+
+
+def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confidence: float,
+           max_repeats: int, fmt: Callable[[float], str] = lambda v: f"{v:.4g}") -> Decision:
+    """Decide the race from the repeats so far (pure).
+
+    Args:
+        contenders: the confirmed configs; only ``eligible`` ones with a value compete.
+        maximize: the objective's direction.  margin: relative equivalence margin (0.01 = 1 %).
+        confidence: interval level.  max_repeats: launches per config before its budget is spent.
+        fmt: formats a value for the reason sentence.
+    Returns:
+        a :class:`Decision`; ``status == "racing"`` with ``more`` = trials to repeat again
+        while some contender is undecided and both it and the leader have budget left.
+    """
+    live = [c for c in contenders if c.eligible and c.values]
+    if not live:
+        return Decision("none", None, reason="No config passed the confirmation.")
+    live.sort(key=lambda c: -c.mean if maximize else c.mean)
+    lead = live[0]
+    rel = {lead.trial: "leader"}
+    for c in live[1:]:
+        rel[c.trial] = compare(lead.values, c.values, maximize, margin, confidence)
+    for c in contenders:
+        rel.setdefault(c.trial, "out")
+    undecided = [c for c in live[1:] if rel[c.trial] == "undecided"]
+    # the leader and each undecided contender get one more repeat while their budget lasts
+    more = [c.trial for c in [lead, *undecided] if c.launched < max_repeats] if undecided else []
+    group = [lead] + [c for c in live[1:] if rel[c.trial] != "separated"]
+    pick = min(group, key=lambda c: pick_key(c, maximize))
+    tie = [pick.trial] + [c.trial for c in group if c is not pick]
+    if more:
+        return Decision("racing", lead.trial, rel, tie, pick.trial, more, "racing")
+    pct = f"{margin * 100:g} %"
+    if len(live) == 1:
+        status, reason = "single", f"t{lead.trial} is the only config that passed the confirmation."
+    elif undecided:
+        names = ", ".join(f"t{c.trial}" for c in undecided)
+        status = "budget_spent"
+        reason = (f"Repeat budget spent ({max_repeats} per config): t{lead.trial} "
+                  f"({fmt(lead.mean)}) is not distinguishable from {names} at {confidence * 100:.0f} %, "
+                  f"nor shown equivalent within {pct}.")
+    elif len(group) > 1:
+        status = "equivalent"
+        names = ", ".join(f"t{c.trial}" for c in group[1:])
+        reason = f"t{lead.trial} ({fmt(lead.mean)}) is equivalent to {names} within {pct} (TOST)."
+    else:
+        status = "separated"
+        reason = (f"t{lead.trial} ({fmt(lead.mean)}) separated from every other contender "
+                  f"at {confidence * 100:.0f} % (Welch).")
+    if len(group) > 1:
+        reason += (f" Tie group {', '.join(f't{t}' for t in tie)}; pick t{pick.trial} by the tie-break: "
+                   f"{TIE_BREAK}.")
+    return Decision(status, lead.trial, rel, tie, pick.trial, [], reason)
+
+
+def repick(confirmation: Mapping[str, object], serving: Mapping[int, bool | None],
+           maximize: bool = True) -> dict[str, object]:
+    """The confirmation with the serving check applied: ``serving`` = ``{trial: passed}``;
+    re-picks within the stored tie group by :data:`TIE_BREAK` and moves ``winner``,
+    ``tie_group``, ``decision["pick"]`` and the verdicts. Returns a new dict (input untouched).
+
+    For the serving check (it runs after the race, on the tie group or the winner)."""
+    import copy
+
+    conf: dict[str, object] = copy.deepcopy(dict(confirmation))
+    entries = conf.get("entries") or []
+    assert isinstance(entries, list)
+    group = list(conf.get("tie_group") or [])  # type: ignore[call-overload]
+    if not group:
+        return conf
+    by = {int(e["trial"]): e for e in entries}
+    for e in entries:
+        if int(e["trial"]) in serving:
+            e["serving_ok"] = serving[int(e["trial"])]
+    members = [Contender(t, list(by[t].get("values") or []), int(by[t].get("n") or 0),
+                         non_default=int(by[t].get("non_default") or 0), cost=float(by[t].get("cost") or 0.0),
+                         serving_ok=by[t].get("serving_ok")) for t in group if t in by]
+    if not members:
+        return conf
+    pick = min(members, key=lambda c: pick_key(c, maximize)).trial
+    old = conf.get("winner")
+    conf["tie_group"] = [pick] + [t for t in group if t != pick]
+    conf["winner"] = pick
+    dec = conf.get("decision")
+    if isinstance(dec, dict):
+        dec["pick"], dec["tie_group"] = pick, conf["tie_group"]
+    for e in entries:
+        if e["trial"] == pick:
+            e["verdict"] = "winner"
+        elif e["trial"] == old and old != pick:
+            e["verdict"] = "tie group: not picked"
+    return conf

@@ -1,0 +1,110 @@
+"""The confirmation race's statistics (sweeps/search/decision.py): Welch and TOST against
+scipy, Fieller ratio intervals that never go below 0, the race's decisions and tie-break."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from scipy import stats
+
+from sweeps.search import decision
+
+
+def test_welch_interval_matches_scipy():
+    a, b = [90.1, 91.0, 89.7, 90.4], [88.0, 88.9, 87.2, 89.5, 88.1]
+    d, lo, hi = decision.welch_interval(a, b, 0.95)
+    ref = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert d == pytest.approx(sum(a) / 4 - sum(b) / 5)
+    assert (lo, hi) == pytest.approx((ref.low, ref.high))
+    with pytest.raises(ValueError, match=">= 2 values"):
+        decision.welch_interval([1.0], b, 0.95)
+
+
+def test_fieller_is_the_delta_interval_when_precise_and_never_below_zero():
+    rng = random.Random(1)
+    a = [100 * (1 + 0.01 * rng.gauss(0, 1)) for _ in range(8)]
+    b = [80 * (1 + 0.01 * rng.gauss(0, 1)) for _ in range(8)]
+    r, lo, hi = decision.fieller_ratio(a, b, 0.95)
+    assert r == pytest.approx((sum(a) / 8) / (sum(b) / 8))
+    assert lo < r < hi and hi - lo < 0.05  # precise means: a narrow interval around the ratio
+    # the issue's goodput case: two rates measured twice, far apart; a delta-method interval went below 0
+    a, b = [1.0, 4.6], [2.6, 3.0]
+    r, lo, hi = decision.fieller_ratio(a, b, 0.95)
+    ma, mb = sum(a) / 2, sum(b) / 2
+    se = r * math.sqrt(stats.tvar(a) / 2 / ma**2 + stats.tvar(b) / 2 / mb**2)
+    assert r - stats.t.ppf(0.975, 1) * se < 0  # what the delta method gave
+    assert lo == 0.0 and (hi is None or hi > r)
+    # a denominator not distinguishable from 0: unbounded above, still not below 0
+    r, lo, hi = decision.fieller_ratio([5.0, 5.2], [0.1, 3.0], 0.95)
+    assert lo == 0.0 and hi is None
+    assert all(math.isnan(x) for x in decision.fieller_ratio([1.0], [1.0, 2.0])[1:])
+
+
+def test_fieller_coverage_by_simulation():
+    """The 95 % Fieller interval covers the true ratio about 95 % of the time (n = 4, 2 % noise)."""
+    rng = random.Random(7)
+    hits = 0
+    for _ in range(400):
+        a = [90 * (1 + 0.02 * rng.gauss(0, 1)) for _ in range(4)]
+        b = [80 * (1 + 0.02 * rng.gauss(0, 1)) for _ in range(4)]
+        _, lo, hi = decision.fieller_ratio(a, b, 0.95)
+        hits += lo <= 90 / 80 <= (hi if hi is not None else math.inf)
+    assert 0.92 <= hits / 400 <= 0.995, hits
+
+
+def test_tost_equivalence():
+    rng = random.Random(3)
+    a = [100 * (1 + 0.002 * rng.gauss(0, 1)) for _ in range(6)]
+    b = [100.1 * (1 + 0.002 * rng.gauss(0, 1)) for _ in range(6)]
+    assert decision.tost_equivalent(a, b, 1.0, 0.95)  # within 1 % of 100
+    assert not decision.tost_equivalent(a, [x + 3 for x in b], 1.0, 0.95)
+    assert not decision.tost_equivalent(a[:1], b, 1.0, 0.95)
+    assert decision.compare(a, b, True, 0.01, 0.95) == "equivalent"
+    assert decision.compare([x + 3 for x in a], b, True, 0.01, 0.95) == "separated"
+    assert decision.compare(b, [x + 3 for x in a], False, 0.01, 0.95) == "separated"  # minimize: lower leads
+    noisy = [100 * (1 + 0.03 * rng.gauss(0, 1)) for _ in range(3)]
+    assert decision.compare(noisy, b[:3], True, 0.01, 0.95) == "undecided"
+
+
+def _c(trial, values, **kw):
+    return decision.Contender(trial, list(values), len(values), **kw)
+
+
+def test_decide_separated_equivalent_budget_and_racing():
+    sep = decision.decide([_c(0, [80, 80.5, 79.8]), _c(1, [90, 90.4, 89.9]), _c(2, [85, 85.3, 84.8])], True, 0.01, 0.95, 8)
+    assert (sep.status, sep.leader, sep.pick, sep.tie_group) == ("separated", 1, 1, [1])
+    assert sep.relation == {1: "leader", 2: "separated", 0: "separated"} and not sep.more
+    # undecided with budget left: the leader and the undecided contender race on, the separated one does not
+    race = decision.decide([_c(0, [80, 80.5, 79.8]), _c(1, [90, 92, 88]), _c(2, [89, 91.5, 88.5])], True, 0.01, 0.95, 8)
+    assert race.status == "racing" and sorted(race.more) == [1, 2]
+    # the same at the budget: a tie group, picked by the tie-break (fewer non-default settings)
+    full = [_c(0, [80, 80.5, 79.8] * 2), _c(1, [90, 92, 88] * 2, non_default=3), _c(2, [89, 91.5, 88.5] * 2, non_default=1)]
+    spent = decision.decide(full, True, 0.01, 0.95, 6)
+    assert spent.status == "budget_spent" and spent.leader == 1 and spent.pick == 2 and spent.tie_group == [2, 1]
+    assert "t2" in spent.reason and "tie-break" in spent.reason and "6 per config" in spent.reason
+    # the serving check comes first in the tie-break
+    full[2].serving_ok = False
+    assert decision.decide(full, True, 0.01, 0.95, 6).pick == 1
+    # equivalent within the margin: a tie group by equivalence, not by lack of repeats
+    eq = decision.decide([_c(1, [90.0, 90.1, 89.9, 90.05], non_default=2), _c(2, [90.02, 89.95, 90.08, 89.98], non_default=0)],
+                  True, 0.01, 0.95, 8)
+    assert eq.status == "equivalent" and set(eq.tie_group) == {1, 2} and eq.pick == 2
+    # ineligible configs never lead; nothing eligible: no decision
+    assert decision.decide([_c(5, [99, 99.1], eligible=False), _c(6, [80, 80.2])], True, 0.01, 0.95, 4).pick == 6
+    assert decision.decide([_c(5, [99, 99.1], eligible=False)], True, 0.01, 0.95, 4).pick is None
+
+
+def test_repick_applies_the_serving_check_within_the_tie_group():
+    conf = {"winner": 2, "tie_group": [2, 1], "decision": {"pick": 2, "tie_group": [2, 1]},
+            "entries": [{"trial": 1, "values": [90, 92, 88], "n": 3, "non_default": 3, "cost": 10,
+                         "verdict": "tie group: not picked"},
+                        {"trial": 2, "values": [89, 91, 88], "n": 3, "non_default": 1, "cost": 10, "verdict": "winner"},
+                        {"trial": 0, "values": [80, 81, 79], "n": 3, "non_default": 0, "cost": 10, "verdict": "#3"}]}
+    out = decision.repick(conf, {2: False, 1: True})
+    assert out["winner"] == 1 and out["tie_group"] == [1, 2] and out["decision"]["pick"] == 1
+    by = {e["trial"]: e for e in out["entries"]}
+    assert by[1]["verdict"] == "winner" and by[2]["verdict"] != "winner" and by[2]["serving_ok"] is False
+    assert conf["winner"] == 2  # the input is untouched
+    assert decision.repick({"entries": []}, {1: True}) == {"entries": []}

@@ -1,0 +1,255 @@
+"""One set of numbers: the console summary, the findings document, the MLflow parent run and
+the recheck report of one sweep quote the same baseline, winner, confirmed value and counts
+(:mod:`sweeps.publish.summary`), and the serving check of the winner is reported in each.
+
+One smoke sweep through the driver (in-process executor, ``backend=instant``, MLflow in a local
+SQLite store, the findings document on), confirmation on and the serving check on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from sweeps.app.recheck import collect_dead_ends
+from sweeps.config.objective import metric_text
+from sweeps.config.spec import load_spec
+from sweeps.publish.parent_run import skipped
+from sweeps.publish.recheck_report import NOT_RERUN, Outcome, report_markdown
+from sweeps.publish.summary import build_summary, confirm_launches, count_proposals, summary_of_study
+from sweeps.rules.store import RuleStore
+from sweeps.search import serving_check as serving_checks
+from sweeps.store import records
+from tasks.types import TrialResult
+from tests.conftest import compose_cfg
+
+OVERRIDES = ["backend=instant", "sweep=smoke", "sweep.budget.trials=5", "sweep.confirm.top_k=2",
+             "sweep.confirm.repeats=2", "+sweep.serving_check=true"]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    import io
+
+    from rich.console import Console
+
+    store = tmp_path_factory.mktemp("one_summary")
+    spec = load_spec(compose_cfg([*OVERRIDES, f"tracking.store_dir={store}",
+                                  f"tracking.findings_dir={store / 'findings'}"]))
+    out = io.StringIO()
+    from sweeps.app import inprocess
+
+    class Captured(inprocess.InProcessDriver):
+        def make_publisher(self):  # the console of the real driver, into a buffer
+            pub = super().make_publisher()
+            pub.progress.console = Console(file=out, highlight=False, width=300)
+            return pub
+
+    drv = Captured(spec, track=True, findings=True)
+    from sweeps.app.lifecycle import execute
+
+    execute(drv)
+    console = out.getvalue()
+    client = MlflowClient(tracking_uri=spec.mlflow_uri)
+    exp = client.get_experiment_by_name(spec.sweep.name)
+    parent = next(r for r in client.search_runs([exp.experiment_id], max_results=500)
+                  if r.data.tags.get("servesweep.role") == "study")
+    return drv, spec, console, parent
+
+
+def test_console_findings_mlflow_and_recheck_agree(swept):
+    drv, spec, console, parent = swept
+    s = summary_of_study(spec, drv.study)
+    obj = spec.objective_set.primary
+    assert s.confirmed and s.winner is not None and s.baseline.confirmed
+    doc = spec.findings_path.read_text()
+    # the console: the same baseline, winner, confirmed value and counts
+    for line in (s.baseline_text(), s.winner_text(), s.counts_text()):
+        assert line in console, (line, console)
+    # the findings: the same numbers
+    assert s.counts_text() in doc
+    assert f"**{metric_text(obj.name, s.baseline.value).replace(' tok/s', '')}" in doc or \
+        f"**{s.baseline.value:.1f} tok/s**" in doc
+    assert f"**t{s.winner}: {s.winner_value.value:.1f} tok/s**" in doc
+    # the MLflow parent: headline metric confirmed_<objective>, the same values, counts and description
+    m, tags = parent.data.metrics, parent.data.tags
+    assert m[f"confirmed_{obj.name}"] == pytest.approx(s.winner_value.value)
+    assert m[f"best_{obj.name}"] == pytest.approx(s.winner_value.value)
+    assert m[f"baseline_{obj.name}"] == pytest.approx(s.baseline.value)
+    assert m["trials_launched"] == s.counts.launched and m["proposals"] == s.counts.proposals
+    assert tags["confirmed_trial"] == str(s.winner) == tags["winner_trial"]
+    assert tags["mlflow.note.content"] == s.markdown()
+    assert s.deploy_command and s.deploy_command in tags["mlflow.note.content"]
+    # the recheck: its canaries are the baseline and the confirmed winner at their confirmed means
+    ends = collect_dead_ends(drv.study, RuleStore(spec.rules_db), obj)
+    canary = {d.source_trial: d for d in ends if d.kind == "canary"}  # one per config (the winner may be the baseline)
+    assert canary[s.winner].source_value == pytest.approx(s.winner_value.value)
+    assert canary[s.baseline.trial].source_value == pytest.approx(s.baseline.value)
+    report = report_markdown("r", drv.study_name, {}, [Outcome(d, NOT_RERUN) for d in ends])
+    assert f"ok {s.winner_value.value:.1f} tok/s | {s.winner} |" in report
+    assert f"ok {s.baseline.value:.1f} tok/s" in report
+
+
+def test_counts_add_up_and_book_every_launch(swept):
+    drv, spec, console, parent = swept
+    s = summary_of_study(spec, drv.study)
+    c = s.counts
+    recs = records.load_records(drv.study)
+    assert c.proposals == c.launched + c.answered == sum(r.launched for r in recs) + len(skipped(recs))
+    assert c.answered == sum(c.by_reason.values())
+    assert c.launched == c.ok + c.failed + c.infra
+    conf = drv.study.user_attrs["confirmation"]
+    assert c.confirm_launches == 2 * len(conf["entries"]) == confirm_launches(conf)
+    # GPU-hours: the confirmations and the serving check add to the trials' own, one clock
+    assert s.gpu.confirmations > 0 and s.gpu.serving > 0
+    assert s.gpu.total == pytest.approx(s.gpu.trials + s.gpu.confirmations + s.gpu.serving)
+    assert s.gpu.basis == "modelled" and "modelled" in console
+    assert parent.data.metrics["gpu_hours"] == pytest.approx(s.gpu.total)
+    # the findings' space counts are a partition of the feasible configs
+    import re
+
+    doc = spec.findings_path.read_text()
+    total, launched, excluded, left = map(int, re.search(
+        r"configs: (\d+) feasible in the space = (\d+) launched \+ (\d+) excluded by known dead ends \+ "
+        r"\*\*(\d+) not yet tried", doc).groups())
+    assert total == launched + excluded + left and launched <= c.launched
+    # allreduce_path_degraded: the console's launched count is the findings' list of trials
+    degraded = next(line for line in doc.splitlines() if "is not what runs** (allreduce_path_degraded)" in line)
+    n_deg = len(re.findall(r"\bt\d+\b", degraded.split("fell back to NCCL (", 1)[1].split(";", 1)[0]))
+    assert c.by_class["allreduce_path_degraded"][0] == n_deg >= 1
+    # "What ran and lost" lists no tie as a loss
+    lost = doc.split("### What ran and lost", 1)[1].split("\n### ", 1)[0]
+    assert "× the best (+0.0" not in lost
+
+
+def test_the_summary_reports_the_serving_check(swept):
+    drv, spec, console, parent = swept
+    check = drv.study.user_attrs[serving_checks.ATTR]
+    assert not check.get("error"), check
+    assert check["launches"] in (1, 2) and check["rate_req_s"] and check["rate_req_s"] > 0
+    assert check["verdict"] in ("holds", "trades_away")
+    b = check["baseline"]
+    assert b["met"] is True and b["ttft_ms_p99"] is not None and b["tpot_ms_p99"] is not None
+    s = summary_of_study(spec, drv.study)
+    text = s.serving_text()
+    assert text and f"{check['rate_req_s']:.2f} req/s" in text and "p99 TPOT" in text
+    assert text in console and text in parent.data.tags["mlflow.note.content"]
+    assert text[len("serving check: "):] in spec.findings_path.read_text()
+    assert parent.data.tags["serving_check"] == check["verdict"]
+    assert serving_checks.passes(check, check["winner_trial"]) is (check["verdict"] == "holds")
+
+
+def test_a_rerun_of_the_finished_study_reuses_the_serving_check(swept):
+    drv, spec, _, _ = swept
+    check = dict(drv.study.user_attrs[serving_checks.ATTR])
+
+    class NoLaunch:
+        spec = drv.spec
+        study = drv.study
+        study_name = drv.study_name
+        interrupted = False
+
+        @property
+        def executor(self):
+            raise AssertionError("a stored serving check is reused: nothing is launched")
+
+    recs = {r.number: r for r in records.load_records(drv.study)}
+    again = serving_checks.run_serving_check(NoLaunch(), recs[check["winner_trial"]], recs[check["baseline_trial"]])
+    assert again == check
+
+
+# ---- pure parts ----------------------------------------------------------------------------
+
+def _rec(n, status="ok", value=None, **kw):
+    return records.TrialRecord(number=n, state="COMPLETE", params={"x": n}, status=status,
+                         metrics={"decode_tok_s": value} if value is not None else {}, **kw)
+
+
+def test_an_unconfirmed_winner_is_labelled_a_single_measurement():
+    from sweeps.config.objective import Objective
+
+    recs = [_rec(0, value=80.0, is_baseline=True), _rec(1, value=90.0)]
+    s = build_summary("s", Objective(), recs)
+    assert not s.confirmed and "confirmed_decode_tok_s" not in s.parent_metrics()
+    assert "(one measurement)" in s.winner_text() and s.best_single == (1, 90.0)
+
+
+def test_confirmation_launches_count_failed_repeats():
+    conf = {"repeats": 3, "entries": [{"trial": 0, "n": 3}, {"trial": 1, "n": 1, "failures": ["oom"]}]}
+    assert confirm_launches(conf) == 6
+    assert count_proposals([], conf).confirm_launches == 6
+
+
+def _load_result(levels):
+    lv = [{"rate_req_s": r, "met": met, "metrics": {"ttft_ms_p99": t, "tpot_ms_p99": p}} for r, met, t, p in levels]
+    return TrialResult(status="ok", bench=[{"load": {"kind": "load_search", "levels": lv}}])
+
+
+def test_level_at_and_the_sentence():
+    res = _load_result([(2.65, True, 900.0, 40.0), (4.32, False, 3000.0, 120.0)])
+    assert serving_checks.level_at(res, 2.65)["met"] is True
+    assert serving_checks.level_at(res, 2.655)["ttft_ms_p99"] == 900.0  # within 1 %
+    assert serving_checks.level_at(res, 3.0) is None
+    check = {"bench": "chat_goodput", "slo": {"ttft_ms_p99": 2000, "tpot_ms_p99": 50}, "rate_req_s": 2.96,
+             "winner_trial": 13, "baseline_trial": 0,
+             "baseline": {"trial": 0, "met": True, "ttft_ms_p99": 800.0, "tpot_ms_p99": 47.0},
+             "winner": {"trial": 13, "met": False, "ttft_ms_p99": 1272.0, "tpot_ms_p99": 182.7}}
+    text = serving_checks.sentence(check)
+    assert text.startswith("trades it away") and "1272 ms" in text and "182.7 ms" in text and "2.96 req/s" in text
+    assert serving_checks.passes(check, 13) is False and serving_checks.passes(check, 0) is True
+    assert serving_checks.passes(check, 5) is None
+    assert not math.isnan(check["rate_req_s"])
+
+
+def test_serving_check_off_by_flag_and_for_other_objectives():
+    on = load_spec(compose_cfg(["backend=instant", "sweep=smoke", "+sweep.serving_check=true"]))
+    off = load_spec(compose_cfg(["backend=instant"]))
+    assert serving_checks.wanted(on) and serving_checks.wanted(off)  # the campaign turns it on
+    assert not serving_checks.wanted(load_spec(compose_cfg(["backend=instant", "sweep.serving_check=false"])))
+    assert not serving_checks.wanted(load_spec(compose_cfg(["backend=instant", "sweep=goodput_slo"])))
+    bad = load_spec(compose_cfg(["backend=instant", "sweep.serving_check_bench=decode_single_stream"]))
+    with pytest.raises(ValueError, match="sweep.serving_check_bench"):
+        serving_checks.serving_bench(bad)
+
+
+def test_a_winner_that_trades_the_slo_away_hands_the_pick_to_a_tie_member_that_holds(monkeypatch):
+    """The serving check is the tie-break's first key: t5 (picked) fails it, t7 (tied) holds."""
+    import types
+
+    import optuna
+
+    from sweeps.search.confirm import ATTR
+
+    study = optuna.create_study(direction="maximize")
+    recs = [types.SimpleNamespace(number=n) for n in (0, 5, 7, 9)]
+    monkeypatch.setattr(serving_checks.records, "load_records", lambda s: recs)
+    checked = []
+
+    def run(host, winner, baseline, force=False):
+        checked.append(winner.number)
+        return {"winner_trial": winner.number, "baseline_trial": baseline.number,
+                "verdict": "holds" if winner.number == 7 else "trades_away"}
+
+    monkeypatch.setattr(serving_checks, "check_winner", lambda host, conf: run(host, recs[1], recs[0]))
+    monkeypatch.setattr(serving_checks, "run_serving_check", run)
+    host = types.SimpleNamespace(study=study, interrupted=False,
+                                 spec=types.SimpleNamespace(objective_set=types.SimpleNamespace(
+                                     primary=types.SimpleNamespace(maximize=True))))
+    entries = [{"trial": t, "values": [90.0, 90.1], "n": 2, "non_default": nd, "cost": 1.0,
+                "verdict": "winner" if t == 5 else "tie group: not picked"} for t, nd in ((5, 1), (7, 2), (9, 3))]
+    conf = {"winner": 5, "tie_group": [5, 7, 9], "entries": entries, "decision": {"pick": 5, "tie_group": [5, 7, 9]}}
+    check, picked = serving_checks.check_tie_group(host, conf)
+    assert checked == [5, 7]  # t9 (more settings) is never checked: t7 holds first
+    assert picked["winner"] == 7 and picked["tie_group"][0] == 7 and picked["decision"]["pick"] == 7
+    assert check["winner_trial"] == 7 and check["verdict"] == "holds"
+    assert study.user_attrs[ATTR]["winner"] == 7  # the stored confirmation agrees
+    assert conf["winner"] == 5  # the input is untouched
+
+    checked.clear()  # nobody holds: the original pick stands, with its own check
+    monkeypatch.setattr(serving_checks, "run_serving_check", lambda host, w, b, force=False: (
+        checked.append(w.number), {"winner_trial": w.number, "baseline_trial": 0, "verdict": "trades_away"})[1])
+    monkeypatch.setattr(serving_checks, "_store", lambda host, out: checked.append(("stored", out["winner_trial"])))
+    check, picked = serving_checks.check_tie_group(host, conf)
+    assert picked is conf and check["winner_trial"] == 5 and checked[-1] == ("stored", 5)

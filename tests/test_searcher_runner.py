@@ -1,0 +1,52 @@
+"""The searcher and the runner as parts: one failure-rule path, one backend-kind check, and
+the runner's own bookkeeping of launches in flight."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from pydantic import AfterValidator
+
+from sweeps.config.spec import BackendConfig, ConfigError, load_spec
+from sweeps.run.executor import InProcessExecutor
+from sweeps.run.runner import Runner
+from sweeps.search.searcher import Searcher
+from tasks.backends import check_kind
+from tasks.types import BenchSpec, Timeouts, TrialSpec
+from tests.conftest import compose_cfg
+
+
+def test_learning_a_rule_takes_no_unused_retried_flag():
+    """A retried launch and a first one learn the same rule: ``learn`` has no ``retried`` flag to ignore."""
+    assert list(inspect.signature(Searcher.learn).parameters) == ["self", "number", "params", "res"]
+
+
+def test_backend_kind_is_checked_by_check_kind_itself():
+    """``backend.kind`` is validated by :func:`tasks.backends.check_kind`, not by a copy of it."""
+    assert any(isinstance(m, AfterValidator) and m.func is check_kind
+               for m in BackendConfig.model_fields["kind"].metadata)
+    with pytest.raises(ConfigError, match=r"backend\.kind.*unknown backend kind 'nope'; available: .*instant"):
+        load_spec(compose_cfg(["backend.kind=nope"]))
+
+
+def test_runner_hands_back_each_launch_with_its_item_and_cancels_none_after_take(tmp_path):
+    spec = load_spec(compose_cfg(["backend=instant"]))
+    from sweeps.run.preflight import emulator_profile
+
+    runner: Runner[str] = Runner(InProcessExecutor(str(tmp_path)), emulator_profile(spec), retries_transient=1)
+    assert runner.slots == 1 and runner.has_room()
+    from tasks.backends import get_backend
+
+    params = dict(spec.sweep.baseline)
+    argv, env, _ = get_backend("instant").render(params, spec.node.model_dump(), spec.model.model_dump(),
+                                                 spec.backend.model_dump())
+    ts = TrialSpec(sweep="s", trial_number=0, params=params, argv=argv, env=env, backend="instant", gpus=8,
+                   bench=BenchSpec(output_len=8, repeats=1), timeouts=Timeouts())
+    h = runner.submit(ts, "s/0/1/0", "baseline")
+    assert not runner.has_room() and list(runner.inflight.values()) == ["baseline"]
+    (ready,) = runner.wait(timeout=1.0)
+    item, res = runner.take(ready)
+    assert (item, ready) == ("baseline", h) and res.status == "ok" and not runner.inflight
+    assert runner.retry_reason(res, 1) is None and runner.wait(timeout=0.1) == []
+
