@@ -50,3 +50,41 @@ def test_runner_hands_back_each_launch_with_its_item_and_cancels_none_after_take
     assert (item, ready) == ("baseline", h) and res.status == "ok" and not runner.inflight
     assert runner.retry_reason(res, 1) is None and runner.wait(timeout=0.1) == []
 
+
+class _Clocked:
+    """An executor whose launches finish at set times (s after submit); ``cancel`` is recorded."""
+
+    def __init__(self, finish_after: list[float]):
+        self.finish_after, self.cancelled, self.slots = list(finish_after), [], len(finish_after)
+
+    def submit(self, spec, profile):
+        import time
+
+        return (len(self.finish_after), time.monotonic() + self.finish_after.pop(0))
+
+    def wait(self, handles, timeout):
+        import time
+
+        end = time.monotonic() + timeout
+        while True:
+            ready = [h for h in handles if h[1] <= time.monotonic()]
+            if ready or time.monotonic() >= end:
+                return ready[:1]
+            time.sleep(0.01)
+
+    def cancel(self, handle):
+        self.cancelled.append(handle)
+
+
+@pytest.mark.parametrize("grace_s, cancelled", [(0.0, 2), (0.6, 1)])
+def test_cancel_all_spares_the_launches_that_finish_within_the_grace(grace_s, cancelled):
+    """A stop's grace lets a launch that is finishing anyway finish uncancelled (a cancel crossing
+    a task's completion crashes Ray's driver); the ones still running after it are cancelled."""
+    ex = _Clocked([0.2, 60.0])
+    runner: Runner[str] = Runner(ex, None, retries_transient=0)
+    ts = TrialSpec(sweep="s", trial_number=0, params={}, argv=["true"], env={}, backend="instant", gpus=8,
+                   bench=BenchSpec(output_len=8, repeats=1), timeouts=Timeouts())
+    quick, slow = runner.submit(ts, "s/0/1/0", "quick"), runner.submit(ts, "s/1/1/0", "slow")
+    assert runner.cancel_all(grace_s=grace_s) == cancelled
+    assert ex.cancelled == ([quick, slow] if cancelled == 2 else [slow])
+    assert sorted(runner.inflight.values()) == ["quick", "slow"]  # still there until taken or dropped

@@ -93,15 +93,29 @@ class Runner(Generic[T]):
         """Why attempt ``attempt`` (1-based) runs again (:func:`~sweeps.run.executor.retry_reason`), or None."""
         return retry_reason(res, attempt, self.retries_transient)
 
-    def cancel_all(self) -> int:
+    def cancel_all(self, grace_s: float = 0.0) -> int:
         """Ask every launch in flight to stop (their servers are torn down); they stay in
-        :attr:`inflight` until taken or dropped. Returns how many were asked."""
-        for handle in list(self.inflight):
+        :attr:`inflight` until taken or dropped. Returns how many were asked.
+
+        Args:
+            grace_s: first wait up to this long (s) for launches that are finishing anyway, and
+                do not cancel those. A cancel that crosses a task's own completion crashes the
+                Ray driver ("Check failed: it != submissible_tasks_.end()", a race in Ray's
+                NormalTaskSubmitter, ray-project/ray#54798), which turns a clean stop's exit
+                code into 1; a launch failing with the same cause as the driver (a full disk
+                under both) finishes within this grace.
+        """
+        pending = list(self.inflight)
+        deadline = time.monotonic() + grace_s
+        while pending and (left := deadline - time.monotonic()) > 0:
+            for handle in self.executor.wait(pending, timeout=left):
+                pending.remove(handle)
+        for handle in pending:
             try:
                 self.executor.cancel(handle)
             except Exception as e:  # noqa: BLE001 - stopping anyway
                 log.warning("could not cancel a trial task: %s", e)
-        return len(self.inflight)
+        return len(pending)
 
     def drop_all(self) -> list[T]:
         """Forget every launch in flight without collecting it; returns their items."""

@@ -42,6 +42,10 @@ __all__ = ["InFlight", "SweepLoop", "SweepPublisher"]
 
 log = logging.getLogger("servesweep")
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: on a store failure, how long (s) launches finishing on their own get before the rest are
+#: cancelled (:meth:`sweeps.run.runner.Runner.cancel_all`): a trial whose work directory is on
+#: the same full disk fails at its next write, well inside this
+STOP_GRACE_S = 5.0
 
 
 class SweepLoop:
@@ -172,7 +176,7 @@ class SweepLoop:
     def cancel_inflight(self) -> None:
         """Cancel every in-flight trial's task (its server is torn down) and forget the trials."""
         if self.runner is not None:
-            self.runner.cancel_all()
+            self.runner.cancel_all(grace_s=STOP_GRACE_S)
             self.runner.drop_all()
 
     def close_parent(self, status: str, tags: Mapping[str, str]) -> None:
