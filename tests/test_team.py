@@ -319,43 +319,55 @@ def test_runtime_env_ships_the_code_to_a_node_without_it(team, tmp_path):
     print(f"\nshipped package: {mib:.2f} MiB")
 
 
+#: the experiment the admin makes on the basic-auth server, where ``reader`` holds only READ
+AUTH_EXPERIMENT = "team-auth"
+
+
 @pytest.fixture(scope="module")
 def auth_server(team, tmp_path_factory):
-    """A second ``mlflow server`` on the same backend store with MLflow's basic-auth app, and a
-    user ``reader`` that has only the default READ permission."""
+    """A second ``mlflow server`` on the same backend store with MLflow's basic-auth app, a user
+    ``reader`` that has only the default READ permission, and an experiment
+    :data:`AUTH_EXPERIMENT` the admin made. Yields (server, admin auth, reader auth, its id): the
+    tests on it depend on no experiment an earlier test made."""
     admin_pw, reader_pw = secrets.token_hex(12), secrets.token_hex(12)
     srv = MlflowServer.with_basic_auth(team.pg.url("mlflow"), team.pg.url("mlflow_auth"),
                                        tmp_path_factory.mktemp("auth-server"), admin_pw)
     try:
         srv.start()
         r = httpx.post(srv.url + "/api/2.0/mlflow/users/create", json={"username": "reader", "password": reader_pw},
-                       auth=("admin", admin_pw), timeout=10)
+                       auth=("admin", admin_pw), timeout=30)
         assert r.status_code == 200, r.text[:500]
-        yield srv, ("admin", admin_pw), ("reader", reader_pw)
+        r = httpx.post(srv.url + "/api/2.0/mlflow/experiments/create", json={"name": AUTH_EXPERIMENT},
+                       auth=("admin", admin_pw), timeout=30)
+        assert r.status_code == 200, r.text[:500]
+        yield srv, ("admin", admin_pw), ("reader", reader_pw), r.json()["experiment_id"]
     finally:
         srv.stop()
 
 
 def test_basic_auth_server_needs_credentials_and_edit_permission(team, auth_server):
-    srv, admin, reader = auth_server
+    srv, _, reader, exp_id = auth_server
     search = srv.url + "/api/2.0/mlflow/experiments/search?max_results=5"
-    assert httpx.get(search, timeout=10).status_code == 401
-    assert httpx.get(search, auth=reader, timeout=10).status_code == 200  # READ by default
-    r = httpx.post(srv.url + "/api/2.0/mlflow/experiments/create", json={"name": "by-reader"}, auth=reader, timeout=10)
+    assert httpx.get(search, timeout=30).status_code == 401
+    assert httpx.get(search, auth=reader, timeout=30).status_code == 200  # READ by default
+    r = httpx.post(srv.url + "/api/2.0/mlflow/experiments/create", json={"name": "by-reader"}, auth=reader, timeout=30)
     assert r.status_code in (200, 403), r.text[:300]  # creating is allowed: the creator gets MANAGE on it
-    exp = httpx.get(srv.url + "/api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": EXPERIMENT},
-                    auth=admin, timeout=10).json()["experiment"]
-    r = httpx.post(srv.url + "/api/2.0/mlflow/runs/create", json={"experiment_id": exp["experiment_id"]}, auth=reader,
-                   timeout=10)
+    r = httpx.post(srv.url + "/api/2.0/mlflow/runs/create", json={"experiment_id": exp_id}, auth=reader, timeout=30)
     assert r.status_code == 403, (r.status_code, r.text[:300])  # someone else's experiment: READ only
 
 
 def test_sweep_without_edit_permission_exits_2_before_any_trial(team, auth_server, tmp_path):
-    srv, _, (user, pw) = auth_server
+    srv, admin, (user, pw), exp_id = auth_server
     env = {**team.ray.driver_env(), "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": pw}
     log = tmp_path / "sweep.log"
-    rc, out = _wait(team.popen(tmp_path / "store", "team-403", [], log, env=env, uri=srv.url), log, 180)
-    assert rc == 2 and f"experiment {EXPERIMENT!r}" in out and "EDIT" in out and "Traceback" not in out, out[-3000:]
+    rc, out = _wait(team.popen(tmp_path / "store", "team-403", [f"sweep.name={AUTH_EXPERIMENT}"], log, env=env,
+                               uri=srv.url), log, 180)
+    if rc != 2:  # say what the server held: the reader's grant, and the log's MLflow lines
+        grant = httpx.get(srv.url + "/api/2.0/mlflow/experiments/permissions/get", auth=admin, timeout=30,
+                          params={"experiment_id": exp_id, "username": user}).text[:300]
+        mlflow_lines = "\n".join(ln for ln in out.splitlines() if "mlflow" in ln.lower())[:3000]
+        pytest.fail(f"rc={rc}; experiment {exp_id}; {user}'s grant: {grant}\n{mlflow_lines}\n...\n{out[-2000:]}")
+    assert f"experiment {AUTH_EXPERIMENT!r}" in out and "EDIT" in out and "Traceback" not in out, out[-3000:]
     assert "team-403" not in optuna.get_all_study_names(storage=team.pg.url())
 
 
