@@ -434,6 +434,36 @@ def test_custom_allreduce_fallback_wordings_of_sglang_0_5_23(line):
     assert detect_perf_tags(line) == ["allreduce_path_degraded"]
 
 
+@pytest.mark.parametrize("log, expected", [
+    # SGLang's model registry, vLLM's serve CLI, ensure_divisibility / ParallelConfig (both engines)
+    ("Traceback (most recent call last):\n  File \"/sgl/srt/models/registry.py\", line 70, in resolve_model_cls\n"
+     "ValueError: Unsupported architectures: FooForCausalLM. Supported list: ['LlamaForCausalLM']", "model_load_error"),
+    ("ValueError: With `vllm serve`, you should provide the model as a positional argument or in a config file "
+     "instead of via the `--model` option.", "cli_arg_error"),
+    ("[2026-11-30 10:00:01 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+     "  File \"/sgl/srt/distributed/utils.py\", line 31, in ensure_divisibility\n"
+     "AssertionError: 40 is not divisible by 6", "server_args_incompatible"),
+    ("ValueError: Total number of attention heads (28) must be divisible by tensor parallel size (8).",
+     "server_args_incompatible"),
+    # NCCL 2.19+ words socketStartConnect as socketPollConnect; a bind to an address not on this host
+    ("node5:240:240 [6] misc/socket.cc:533 NCCL WARN socketPollConnect: Connect to 10.0.0.4<56841> failed : "
+     "Software caused connection abort\nnode5:240:240 [6] NCCL INFO misc/socket.cc:564 -> 2", "nccl_network_error"),
+    ("h1:7:7 [0] misc/socket.cc:379 NCCL WARN Call to bind failed : Cannot assign requested address\n"
+     "h1:7:7 [0] NCCL INFO bootstrap.cc:95 -> 2\nRuntimeError: NCCL error: unhandled system error", "nccl_network_error"),
+    # vLLM's logger.exception line of a KeyError on a checkpoint tensor, before its traceback
+    ("Loading safetensors checkpoint shards:   0% Completed | 0/2\n"
+     "ERROR 12-09 00:49:29 engine.py:366] 'model.layers.3.mlp.gate_proj.weight.absmax'\n"
+     "ERROR 12-09 00:49:29 engine.py:366] Traceback (most recent call last):", "model_weights_error"),
+])
+def test_engine_wordings_of_config_network_and_weight_failures(log, expected):
+    assert classify(log, None).failure_class == expected
+
+
+def test_a_quoted_tensor_name_outside_weight_loading_is_no_weights_error():
+    assert classify("ERROR 12-09 00:49:29 engine.py:366] 'model.layers.3.mlp.gate_proj.weight'\n", 1).failure_class \
+        != "model_weights_error"
+
+
 # ------------------------------------------------------------------ the signature table file
 def _table_with(tmp_path: Path, edit) -> Path:
     from tasks.failure_signatures import TABLE_PATH
