@@ -108,3 +108,20 @@ def test_repick_applies_the_serving_check_within_the_tie_group():
     assert by[1]["verdict"] == "winner" and by[2]["verdict"] != "winner" and by[2]["serving_ok"] is False
     assert conf["winner"] == 2  # the input is untouched
     assert decision.repick({"entries": []}, {1: True}) == {"entries": []}
+
+
+def test_a_launch_cost_within_the_tolerance_does_not_decide_the_pick():
+    """Launch wall times a few per cent apart are run-to-run jitter: the better mean decides;
+    a launch at least COST_TIE shorter does decide, and settings count before cost."""
+    from sweeps.search.decision import COST_TIE, Contender, pick
+
+    a = Contender(1, [90.0, 90.2], 2, non_default=1, cost=100.0)
+    b = Contender(2, [90.4, 90.6], 2, non_default=1, cost=100.0 * (1 + COST_TIE / 2))
+    assert pick([a, b], maximize=True).trial == 2  # jitter: b's better mean wins
+    assert pick([b, a], maximize=True).trial == 2  # the order of the members changes nothing
+    c = Contender(3, [89.0, 89.2], 2, non_default=1, cost=100.0 * (1 - 2 * COST_TIE))
+    assert pick([a, b, c], maximize=True).trial == 3  # materially cheaper
+    d = Contender(4, [88.0], 1, non_default=0, cost=500.0)
+    assert pick([a, b, c, d], maximize=True).trial == 4  # fewer non-default settings first
+    with pytest.raises(ValueError):
+        pick([], maximize=True)

@@ -37,7 +37,7 @@ tests (TOST, Schuirmann 1987: the ``1 - 2*alpha`` Welch interval of the differen
 within ``+-margin * |leader mean|``) pass; otherwise *undecided* and both get more repeats.
 The tie group is the leader and every contender not separated from it. The pick within it:
 passes the serving check (True before None before False), then fewer non-default settings,
-then cheaper (mean launch wall time), then the better mean.
+then cheaper (a mean launch wall time at least :data:`COST_TIE` shorter), then the better mean.
 """
 
 from __future__ import annotations
@@ -48,7 +48,13 @@ from dataclasses import dataclass, field
 
 #: What the tie-break says, in order (quoted by the summary and the findings).
 TIE_BREAK = ("passes the serving check, then fewer non-default settings (env vars, flags), "
-             "then cheaper (shorter launch), then the better mean")
+             "then cheaper (a launch at least 10 % shorter), then the better mean")
+#: In the tie-break, launch costs (mean wall s of a config's confirmation launches) within this
+#: fraction of the cheapest count as equal. A launch's wall time varies run to run (server
+#: start-up, graph capture, the machine's load; on the instant backend it is the milliseconds
+#: the model takes), so a smaller difference is no evidence that one config is cheaper, and
+#: deciding on it made the same seeded study pick different winners from run to run.
+COST_TIE = 0.10
 
 
 def _mean_var(v: Sequence[float]) -> tuple[float, float]:
@@ -171,10 +177,24 @@ class Decision:
     reason: str = ""
 
 
-def pick_key(c: Contender, maximize: bool) -> tuple[int, int, float, float]:
-    """The tie-break (:data:`TIE_BREAK`) as a sort key: smaller is preferred."""
-    serving = {True: 0, None: 1, False: 2}[c.serving_ok]
-    return serving, c.non_default, c.cost, -c.mean if maximize else c.mean
+def pick(members: Sequence[Contender], maximize: bool) -> Contender:
+    """The tie-break (:data:`TIE_BREAK`): the member that passes the serving check (unchecked
+    next, failed last), then with the fewest non-default settings, then among those within
+    :data:`COST_TIE` of the cheapest launch, the better mean (then the lower trial number).
+
+    Raises:
+        ValueError: ``members`` is empty.
+    """
+    if not members:
+        raise ValueError("pick() needs at least one member")
+
+    def first(c: Contender) -> tuple[int, int]:
+        return {True: 0, None: 1, False: 2}[c.serving_ok], c.non_default
+    best = min(first(c) for c in members)
+    same = [c for c in members if first(c) == best]
+    cheapest = min(c.cost for c in same)
+    close = [c for c in same if c.cost <= cheapest * (1 + COST_TIE)]
+    return min(close, key=lambda c: (-c.mean if maximize else c.mean, c.trial))
 
 
 def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confidence: float,
@@ -204,10 +224,10 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     # the leader and each undecided contender get one more repeat while their budget lasts
     more = [c.trial for c in [lead, *undecided] if c.launched < max_repeats] if undecided else []
     group = [lead] + [c for c in live[1:] if rel[c.trial] != "separated"]
-    pick = min(group, key=lambda c: pick_key(c, maximize))
-    tie = [pick.trial] + [c.trial for c in group if c is not pick]
+    chosen = pick(group, maximize)
+    tie = [chosen.trial] + [c.trial for c in group if c is not chosen]
     if more:
-        return Decision("racing", lead.trial, rel, tie, pick.trial, more, "racing")
+        return Decision("racing", lead.trial, rel, tie, chosen.trial, more, "racing")
     pct = f"{margin * 100:g} %"
     if len(live) == 1:
         status, reason = "single", f"t{lead.trial} is the only config that passed the confirmation."
@@ -226,9 +246,9 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
         reason = (f"t{lead.trial} ({fmt(lead.mean)}) separated from every other contender "
                   f"at {confidence * 100:.0f} % (Welch).")
     if len(group) > 1:
-        reason += (f" Tie group {', '.join(f't{t}' for t in tie)}; pick t{pick.trial} by the tie-break: "
+        reason += (f" Tie group {', '.join(f't{t}' for t in tie)}; pick t{chosen.trial} by the tie-break: "
                    f"{TIE_BREAK}.")
-    return Decision(status, lead.trial, rel, tie, pick.trial, [], reason)
+    return Decision(status, lead.trial, rel, tie, chosen.trial, [], reason)
 
 
 def repick(confirmation: Mapping[str, object], serving: Mapping[int, bool | None],
@@ -255,16 +275,16 @@ def repick(confirmation: Mapping[str, object], serving: Mapping[int, bool | None
                          serving_ok=by[t].get("serving_ok")) for t in group if t in by]
     if not members:
         return conf
-    pick = min(members, key=lambda c: pick_key(c, maximize)).trial
+    chosen = pick(members, maximize).trial
     old = conf.get("winner")
-    conf["tie_group"] = [pick] + [t for t in group if t != pick]
-    conf["winner"] = pick
+    conf["tie_group"] = [chosen] + [t for t in group if t != chosen]
+    conf["winner"] = chosen
     dec = conf.get("decision")
     if isinstance(dec, dict):
-        dec["pick"], dec["tie_group"] = pick, conf["tie_group"]
+        dec["pick"], dec["tie_group"] = chosen, conf["tie_group"]
     for e in entries:
-        if e["trial"] == pick:
+        if e["trial"] == chosen:
             e["verdict"] = "winner"
-        elif e["trial"] == old and old != pick:
+        elif e["trial"] == old and old != chosen:
             e["verdict"] = "tie group: not picked"
     return conf
