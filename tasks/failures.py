@@ -415,8 +415,8 @@ def _corpus_line(entry) -> str:
 
 def _parts_arg(s: str) -> tuple[str, ...]:
     parts = tuple(x.strip() for x in s.split(",") if x.strip())
-    if not parts or set(parts) - {"dev", "test", "test2"}:
-        raise argparse.ArgumentTypeError(f"{s!r}: expected corpus parts among dev, test, test2 (e.g. dev,test)")
+    if not parts or set(parts) - {"dev", "test", "test2", "test3"}:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected corpus parts among dev, test, test2, test3 (e.g. dev,test)")
     return parts
 
 

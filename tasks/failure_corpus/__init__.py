@@ -1,11 +1,12 @@
 """The public failure corpus: real server-log excerpts from public issue threads, each labelled
-with the class and kind the thread's diagnosis gives (``dev/``, ``test/`` and ``test2/``, one YAML
-per log).
+with the class and kind the thread's diagnosis gives (``dev/``, ``test/``, ``test2/`` and ``test3/``,
+one YAML per log).
 
 The entry format and the labelling rules are in ``tasks/failure_corpus/README.md``. The
-``dev`` part is what the classifier's signatures are written against; the ``test`` and ``test2``
-parts are only scored (``benchmarks/failure_corpus.py``), never read while writing signatures
-(``test2`` is a later held-out part, labelled and committed before any classifier ran on it).
+``dev`` part is what the classifier's signatures are written against; the ``test``, ``test2`` and
+``test3`` parts are only scored (``benchmarks/failure_corpus.py``), never read while writing
+signatures (``test2`` and ``test3`` are later held-out parts, labelled and committed before any
+classifier ran on them; ``test`` has been read once, see the README).
 
 :func:`load_corpus` reads and validates every entry (:class:`CorpusEntry`): the class must be a
 class of ``tasks/failure_signatures.yaml`` (or ``healthy``) and the kind must be that class's
@@ -25,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CORPUS_DIR = Path(__file__).resolve().parent
-PARTS = ("dev", "test", "test2")
+PARTS = ("dev", "test", "test2", "test3")
 #: The verdict for a log of a server that came up and served (``tasks.failures.HEALTHY``).
 HEALTHY = "healthy"
 Engine = Literal["sglang", "vllm", "other"]
@@ -73,7 +74,7 @@ class CorpusEntry(BaseModel):
     expected_kind: str
     why: str = Field(min_length=3)
     log: str = Field(min_length=1)
-    part: Literal["dev", "test", "test2"]
+    part: Literal["dev", "test", "test2", "test3"]
 
     @field_validator("version", "gpu", mode="before")
     @classmethod
