@@ -253,3 +253,53 @@ def test_a_winner_that_trades_the_slo_away_hands_the_pick_to_a_tie_member_that_h
     monkeypatch.setattr(serving_checks, "_store", lambda host, out: checked.append(("stored", out["winner_trial"])))
     check, picked = serving_checks.check_tie_group(host, conf)
     assert picked is conf and check["winner_trial"] == 5 and checked[-1] == ("stored", 5)
+
+
+def test_a_rerun_of_the_tie_group_check_launches_nothing_and_counts_every_launch(swept):
+    """Rerunning the serving check of a finished study's whole tie group reuses every stored
+    check; the stored check's launches count every serving-check launch the study made."""
+    drv, _, _, _ = swept
+    conf = dict(drv.study.user_attrs["confirmation"])
+    done = drv.study.user_attrs[serving_checks.ALL_ATTR]
+    check = dict(drv.study.user_attrs[serving_checks.ATTR])
+    assert check["launches"] == sum(int(v.get("launches") or 0) for v in done.values()) >= 1
+
+    class NoLaunch:
+        spec = drv.spec
+        study = drv.study
+        study_name = drv.study_name
+        interrupted = False
+
+        @property
+        def executor(self):
+            raise AssertionError("every stored serving check is reused: nothing is launched")
+
+    again, conf2 = serving_checks.check_tie_group(NoLaunch(), conf)
+    assert again["winner_trial"] == check["winner_trial"] and again["launches"] == check["launches"]
+    assert conf2.get("winner") == conf.get("winner")
+
+
+def test_a_second_member_check_reuses_the_baselines_load_search_and_is_kept(swept):
+    """Checking another config against the same baseline launches its level only (the baseline's
+    rate is stored); asking again launches nothing. The study's check is restored at the end."""
+    drv, _, _, _ = swept
+    check = dict(drv.study.user_attrs[serving_checks.ATTR])
+    recs = {r.number: r for r in records.load_records(drv.study)}
+    other = next(r for r in records.ranked_records(list(recs.values()))
+                 if r.number not in (check["winner_trial"], check["baseline_trial"]))
+    submit, calls = drv.executor.submit, []
+
+    def counted(*a, **kw):
+        calls.append(a)
+        return submit(*a, **kw)
+    drv.executor.submit = counted
+    try:
+        got = serving_checks.run_serving_check(drv, other, recs[check["baseline_trial"]])
+        assert len(calls) == 1 and got["winner_trial"] == other.number and got["rate_req_s"] == check["rate_req_s"]
+        assert got["launches"] == check["launches"] + 1  # every serving-check launch of the study
+        again = serving_checks.run_serving_check(drv, other, recs[check["baseline_trial"]])
+        assert len(calls) == 1 and again == got
+    finally:
+        drv.executor.submit = submit
+        serving_checks.run_serving_check(drv, recs[check["winner_trial"]], recs[check["baseline_trial"]])
+    assert len(calls) == 1 and dict(drv.study.user_attrs[serving_checks.ATTR])["winner_trial"] == check["winner_trial"]

@@ -14,7 +14,9 @@ objective is ``decode_tok_s``, after the confirmation:
 
 The result (:func:`run_serving_check`) is stored in the study user attribute
 ``serving_check``; :func:`passes` is what a tie-break reads ("passes the serving check").
-A rerun of a finished study reuses a stored check of the same winner and baseline (no launch).
+Every check a study ran, and the baseline's load search, are also kept in ``serving_checks``
+(:data:`ALL_ATTR`): a later member of a tie group reuses the baseline's rate (one launch, not
+two), and a rerun of a finished study reuses every check it needs (no launch).
 
 Result shape (JSON)::
 
@@ -23,6 +25,9 @@ Result shape (JSON)::
      "baseline": {"trial", "met", "rate_req_s", "ttft_ms_p99", "tpot_ms_p99", "goodput_req_s", "status"},
      "winner": {...the same at R...}, "verdict": "holds" | "trades_away" | "unknown",
      "sentence": "...", "launches": 2, "gpu_s": 123.4}
+
+where ``launches`` and ``gpu_s`` count every serving-check launch of the study (the baseline's
+load search once, one level per checked member),
 
 or ``{"error": "..."}`` when it could not run (a failed launch is a verdict ``unknown``).
 """
@@ -47,6 +52,9 @@ from tasks.types import BenchSpec, TrialResult, TrialSpec
 
 log = logging.getLogger("servesweep.serving_check")
 ATTR = "serving_check"
+#: every serving check of the study by ``"<winner>/<baseline>/<bench>"``, and the baseline's load
+#: search by ``"baseline/<trial>/<bench>"`` (``rate_req_s``, its side, its launch and GPU-s)
+ALL_ATTR = "serving_checks"
 DECODE = "decode_tok_s"  # the batch-1 objective the check guards
 # Serving-check launches use trial numbers SERVING_BASE + trial (work dirs, the noise seed);
 # far above any study's trial numbers and the confirmation's (10_000_000 + trial * 100 + repeat).
@@ -186,10 +194,18 @@ def run_serving_check(host: ConfirmHost, winner: records.TrialRecord, baseline: 
     spec = host.spec
     old = host.study.user_attrs.get(ATTR) or {}
     name = spec.sweep.serving_check_bench
+    done = dict(host.study.user_attrs.get(ALL_ATTR) or {})
+    key, base_key = f"{winner.number}/{baseline.number}/{name}", f"baseline/{baseline.number}/{name}"
+    if not force and key in done and not done[key].get("error"):
+        log.info("serving check of t%d against t%d already done; reusing it", winner.number, baseline.number)
+        _store(host, done[key])
+        return dict(host.study.user_attrs.get(ATTR) or done[key])
     if (not force and old and not old.get("error") and old.get("winner_trial") == winner.number
             and old.get("baseline_trial") == baseline.number and old.get("bench") == name):
         log.info("serving check of t%d against t%d already done; reusing it", winner.number, baseline.number)
         return dict(old)
+    if force:
+        done = {}
     try:
         bench = serving_bench(spec)
     except ValueError as e:
@@ -198,13 +214,19 @@ def run_serving_check(host: ConfirmHost, winner: records.TrialRecord, baseline: 
         return out
     t0 = time.monotonic()
     runner: Runner[int] = Runner(host.executor, host.profile, spec.backend.retries_transient)
-    log.info("serving check: load search of the baseline t%d (%s)", baseline.number, name)
-    bres = _launch(host, runner, baseline, bench)
-    if bres is None:
-        return {}
-    rate = float(bres.metrics.get("max_rate_at_slo_req_s") or 0.0) if bres.status == "ok" else 0.0
-    launches, gpu_s = 1, float(bres.gpu_s or 0.0)
-    wres = bres
+    base = done.get(base_key)
+    if base is None:
+        log.info("serving check: load search of the baseline t%d (%s)", baseline.number, name)
+        bres = _launch(host, runner, baseline, bench)
+        if bres is None:
+            return {}
+        rate = float(bres.metrics.get("max_rate_at_slo_req_s") or 0.0) if bres.status == "ok" else 0.0
+        base = {"rate_req_s": rate, "side": _side(baseline, bres, rate), "launches": 1,
+                "gpu_s": round(float(bres.gpu_s or 0.0), 3)}
+        done[base_key] = base
+    rate = float(base["rate_req_s"] or 0.0)
+    launches, gpu_s = 0, 0.0
+    wside = base["side"]
     if winner.number != baseline.number and rate > 0:
         ls = bench.load_search
         assert ls is not None
@@ -214,18 +236,20 @@ def run_serving_check(host: ConfirmHost, winner: records.TrialRecord, baseline: 
         got = _launch(host, runner, winner, wbench)
         if got is None:
             return {}
-        wres, launches, gpu_s = got, 2, gpu_s + float(got.gpu_s or 0.0)
+        wside, launches, gpu_s = _side(winner, got, rate), 1, float(got.gpu_s or 0.0)
     slo = bench.slo
     out = {"bench": name, "slo": {"ttft_ms_p99": slo.ttft_ms_p99, "tpot_ms_p99": slo.tpot_ms_p99} if slo else {},
            "rate_req_s": rate or None, "winner_trial": winner.number, "baseline_trial": baseline.number,
-           "baseline": _side(baseline, bres, rate), "winner": _side(winner, wres, rate),
+           "baseline": base["side"], "winner": wside,
            "launches": launches, "gpu_s": round(gpu_s, 3), "wall_s": round(time.monotonic() - t0, 2)}
     w = out["winner"]
     out["verdict"] = ("unknown" if not rate or w.get("met") is None else "holds" if w["met"] else "trades_away")
     out["sentence"] = sentence(out)
     log.info("serving check: %s", out["sentence"])
+    done[key] = out
+    host.study.set_user_attr(ALL_ATTR, json.loads(json.dumps(done, default=str).replace("NaN", "null")))
     _store(host, out)
-    return out
+    return dict(host.study.user_attrs.get(ATTR) or out)
 
 
 def check_winner(host: ConfirmHost, confirmation: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -249,8 +273,9 @@ def check_tie_group(host: ConfirmHost, confirmation: dict[str, Any]) -> tuple[di
     The winner is checked first (:func:`check_winner`). When it trades the SLO away and its tie
     group has other members, the pick moves (:func:`sweeps.search.decision.repick`) to the next
     member by the tie-break and that one is checked, until a member holds or every member has
-    failed (then the original tie-break's pick stands, its failure reported). Each check costs
-    the baseline's load search and the member's level (2 launches).
+    failed (then the original tie-break's pick stands, its failure reported). The first check
+    costs the baseline's load search and the member's level (2 launches), each later member its
+    level only; a rerun reuses every stored check (:data:`ALL_ATTR`, no launch).
 
     Returns:
         (the check of the final pick or {}, the confirmation: ``confirmation`` itself when the pick
@@ -288,8 +313,15 @@ def check_tie_group(host: ConfirmHost, confirmation: dict[str, Any]) -> tuple[di
 
 
 def _store(host: ConfirmHost, out: Mapping[str, Any]) -> None:
-    host.study.set_user_attr(ATTR, json.loads(json.dumps(out, default=str).replace("NaN", "null")))
+    """Make ``out`` the study's serving check (:data:`ATTR`), its ``launches`` and ``gpu_s`` the
+    totals of every serving-check launch the study made (:data:`ALL_ATTR`)."""
+    done = host.study.user_attrs.get(ALL_ATTR) or {}
+    total = dict(out)
+    if done:
+        total["launches"] = sum(int(v.get("launches") or 0) for v in done.values())
+        total["gpu_s"] = round(sum(float(v.get("gpu_s") or 0.0) for v in done.values()), 3)
+    host.study.set_user_attr(ATTR, json.loads(json.dumps(total, default=str).replace("NaN", "null")))
 
 
-__all__ = ["ATTR", "check_tie_group", "check_winner", "level_at", "passes", "run_serving_check", "sentence",
+__all__ = ["ALL_ATTR", "ATTR", "check_tie_group", "check_winner", "level_at", "passes", "run_serving_check", "sentence",
            "serving_bench", "wanted"]
