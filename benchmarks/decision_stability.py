@@ -10,8 +10,9 @@ sampler seed and the emulator's noise seed both set to the seed, to the end: the
 confirmation race, the serving check. It reads the stored decision (the study's
 ``confirmation`` attribute, :mod:`sweeps.search.confirm`): the winner and the tie group, as
 configs (trial numbers differ between seeds), and the confirmed value. Then it runs the same
-command on the finished study again and counts the launches that added (the README: a
-finished sweep prints its summary and launches nothing).
+command on the finished study again and counts every launch it submits (trials, probes,
+confirmation repeats, serving checks; the README: a finished sweep prints its summary and
+launches nothing).
 
 What "stable" means here (issue 22): every seed reports the same tie group, or at least a
 winner that every other seed's tie group holds. Both are reported, with each seed's winner,
@@ -74,13 +75,30 @@ def _true_rate(spec: Any, params: dict[str, Any]) -> float | None:
     return round(float(out["prediction"].get("decode_tok_s") or 0.0), 2) if out["status"] == "ok" else None
 
 
-def _launches(study: Any) -> int:
-    """Trials launched plus confirmation launches, as the study records them."""
-    from sweeps.store import records
+def _rerun_launches(spec: Any) -> int:
+    """Run the sweep again on its finished study; returns how many launches it submitted
+    (trials, probes, confirmation repeats and serving checks all go through ``submit``)."""
+    from sweeps.app.inprocess import InProcessDriver
+    from sweeps.run.executor import Executor
 
-    conf = study.user_attrs.get("confirmation") or {}
-    return sum(1 for r in records.load_records(study) if r.launched) + \
-        sum(int(e.get("launched") or 0) for e in conf.get("entries", []))
+    class Counting(InProcessDriver):
+        submitted = 0
+
+        def make_executor(self) -> Executor:
+            ex = super().make_executor()
+            submit = ex.submit
+
+            def counted(*a: Any, **kw: Any) -> Any:
+                self.submitted += 1
+                return submit(*a, **kw)
+            ex.submit = counted  # type: ignore[method-assign]
+            return ex
+
+    drv = Counting(spec)
+    drv.setup()
+    drv.loop()
+    drv.finish()
+    return drv.submitted
 
 
 def one_seed(seed: int, extra: list[str]) -> dict[str, Any]:
@@ -97,9 +115,7 @@ def one_seed(seed: int, extra: list[str]) -> dict[str, Any]:
         conf = dict(study.user_attrs.get("confirmation") or {})
         recs = {r.number: r for r in records.load_records(study)}
         base = dict(spec.sweep.baseline)
-        before = _launches(study)
-        again = run_in_process(_spec(seed, Path(tmp), extra))
-        added = _launches(again.study) - before
+        added = _rerun_launches(_spec(seed, Path(tmp), extra))
     winner = conf.get("winner")
     entry = next((e for e in conf.get("entries", []) if e.get("trial") == winner), {})
     ties = [t for t in conf.get("tie_group") or [] if t in recs] or ([winner] if winner in recs else [])
