@@ -243,3 +243,13 @@ def test_a_quoted_line_is_called_verbatim_only_when_it_is():
     r = records.TrialRecord(number=1, state="COMPLETE", params={}, status="failed", failure_class="x",
                       failure_signature="KeyError: <N>")
     assert decisive_evidence(r) == ("KeyError: <N>", "normalized signature")
+
+
+def test_a_tie_at_the_race_cap_asks_for_a_higher_cap_not_more_repeats(tmp_path):
+    """When the race already ran the tie to sweep.confirm.max_repeats, raising repeats adds
+    nothing: the next step raises the cap (repeats accumulate)."""
+    conf = {**CONF, "max_repeats": 8, "decision": {"status": "budget_spent"},
+            "entries": [{**e, "n": 3 if e["is_baseline"] else 8} for e in CONF["entries"]]}
+    sec = render_section(ctx(tmp_path, conf=conf), sweep())[0].split("### Next steps")[1]
+    assert "overlaps t1 88.6 (83.3–93.9) at 8 repeats, the race's cap" in sec
+    assert "sweep.confirm.max_repeats=16" in sec and "sweep.confirm.repeats=" not in sec

@@ -101,11 +101,18 @@ def _tie_lines(ctx: Context) -> list[str]:
     if not ties:
         return []
     rep = int(conf.get("repeats") or 0)
+    cap = int(conf.get("max_repeats") or 0)  # 0: a confirmation stored without a race
+    done = max(int(e.get("n") or 0) for e in [win, *ties])
+    if cap and ((conf.get("decision") or {}).get("status") == "budget_spent" or done >= cap):
+        # the race already ran each config to its cap: only a higher cap adds repeats (they accumulate)
+        at, flag = f"{done} repeats, the race's cap", f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}"
+    else:
+        at, flag = f"{rep} repeats", f"sweep.confirm.repeats={max(2 * rep, rep + 3)}"
     desc = "; ".join(f"t{e['trial']} {fmt(e.get('mean'))} ({fmt(e.get('ci_low'))}–{fmt(e.get('ci_high'))})" for e in ties)
     return [f"- **Ties that need more repeats**: the winner t{win['trial']} {fmt(win.get('mean'))} "
-            f"({fmt(win.get('ci_low'))}–{fmt(win.get('ci_high'))}) overlaps {desc} at {rep} repeats. "
+            f"({fmt(win.get('ci_low'))}–{fmt(win.get('ci_high'))}) overlaps {desc} at {at}. "
             f"Re-run the confirmation with more: `python run_sweep.py sweep={ctx.sweep or ctx.study} "
-            f"study_name={ctx.study} sweep.confirm.repeats={max(2 * rep, rep + 3)}`."]
+            f"study_name={ctx.study} {flag}`."]
 
 
 def _recheck_lines(ctx: Context, recs: Sequence[records.TrialRecord]) -> list[str]:
