@@ -173,3 +173,21 @@ def test_console_summary_lists_a_censored_rate_by_its_bound(tmp_path):
     out = buf.getvalue()
     row = next(line for line in out.splitlines() if "eagle3" in line)
     assert "< 2.60 req/s" in row and "0.0 " not in row
+
+
+def test_the_console_line_of_a_censored_rate_names_its_bound(tmp_path):
+    """A goodput trial whose load search stopped at a bound prints the bound, not a blank
+    'not benchmarked' reason."""
+    from sweeps.config.spec import load_spec
+    from sweeps.publish.outputs import Publisher
+    from tasks.types import TrialResult
+    from tests.conftest import compose_cfg
+
+    spec = load_spec(compose_cfg(["backend=instant", "sweep=goodput_slo", f"tracking.store_dir={tmp_path}"]))
+    pub = Publisher(spec, "s", track=False, findings=False)
+    lines: list[str] = []
+    pub.progress.event = lines.append
+    res = TrialResult(trial_number=1, status="ok")
+    pub.trial_done(1, dict(spec.sweep.baseline), res, {"max_rate_at_slo_req_s_upper": 2.9,
+                                                       "max_rate_at_slo_req_s_censored": 1.0})
+    assert lines and "< 2.90 req/s (censored" in lines[0] and "not benchmarked" not in lines[0]

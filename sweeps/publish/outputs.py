@@ -128,10 +128,14 @@ class Publisher:
     def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float]) -> None:
         """One line in the terminal for a finished trial."""
         from sweeps.store.tracking import run_name
+        from tasks.load_search import censored_text
 
         name = run_name(trial_records.TrialRecord(number=number, state="", params=params, status=res.status,
                                       perf_tags=res.perf_tags))
-        if res.status == "ok" and metrics.get(self.objectives.primary.name) is None:  # ended at its probe
+        censored = censored_text(metrics, self.objectives.primary.name) if res.status == "ok" else None
+        if censored is not None:  # a load search that stopped at a bound: the bound is the value
+            line = f"{name}: {censored} (censored: the rate search stopped at this bound)"
+        elif res.status == "ok" and metrics.get(self.objectives.primary.name) is None:  # ended at its probe
             line = f"{name}: not benchmarked: {res.failure_class or ''} {res.failure_signature or ''}"[:200]
         elif res.status == "ok":
             sp = metrics.get("speedup_vs_baseline")
