@@ -125,3 +125,21 @@ def test_a_launch_cost_within_the_tolerance_does_not_decide_the_pick():
     assert pick([a, b, c, d], maximize=True).trial == 4  # fewer non-default settings first
     with pytest.raises(ValueError):
         pick([], maximize=True)
+
+
+def test_the_reason_names_the_step_that_decided_and_follows_a_repick():
+    """The decision's reason says which tie-break step picked the winner; when the serving check
+    moves the pick, the reason and the winner's sentence name the new winner and that step."""
+    group = [decision.Contender(2, [89.0, 91.0, 88.0], 3, non_default=1, cost=10.0),
+             decision.Contender(1, [90.0, 92.0, 88.0], 3, non_default=3, cost=10.0)]
+    dec = decision.decide(group, True, 0.01, 0.95, 3)
+    assert dec.pick == 2 and "fewer non-default settings decided it." in dec.reason
+    conf = {"winner": 2, "tie_group": [2, 1], "decision_reason": dec.reason,
+            "decision": {"pick": 2, "tie_group": [2, 1], "reason": dec.reason},
+            "winner_note": f"Winner t2: 89.3 tok/s mean over 3 runs. {dec.reason}",
+            "entries": [{"trial": 1, "values": [90.0, 92.0, 88.0], "n": 3, "non_default": 3, "cost": 10},
+                        {"trial": 2, "values": [89.0, 91.0, 88.0], "n": 3, "non_default": 1, "cost": 10}]}
+    out = decision.repick(conf, {2: False, 1: True})
+    for text in (out["decision_reason"], out["decision"]["reason"], out["winner_note"]):
+        assert "pick t1 by the tie-break" in text and "the serving check decided it." in text and "pick t2" not in text
+    assert out["winner_note"].startswith("Winner t1: 90.0 tok/s mean over 3 runs.")

@@ -43,6 +43,7 @@ then cheaper (a mean launch wall time at least :data:`COST_TIE` shorter), then t
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -197,6 +198,42 @@ def pick(members: Sequence[Contender], maximize: bool) -> Contender:
     return min(close, key=lambda c: (-c.mean if maximize else c.mean, c.trial))
 
 
+def decided_by(members: Sequence[Contender], chosen: Contender) -> str:
+    """Which step of :data:`TIE_BREAK` set ``chosen`` (:func:`pick`'s choice) apart from the
+    other ``members``: ``"the serving check"``, ``"fewer non-default settings"``, ``"a cheaper
+    launch"`` or ``"the better mean"``."""
+    def serving(c: Contender) -> int:
+        return {True: 0, None: 1, False: 2}[c.serving_ok]
+    rest = [c for c in members if c is not chosen and serving(c) == serving(chosen)]
+    if not rest:
+        return "the serving check" if len(members) > 1 else "the only member"
+    same = [c for c in rest if c.non_default == chosen.non_default]
+    if not same:
+        return "fewer non-default settings"
+    if all(c.cost > chosen.cost * (1 + COST_TIE) for c in same):
+        return "a cheaper launch"
+    return "the better mean"
+
+
+def pick_sentence(trial: int, by: str) -> str:
+    """The tie-break sentence of a decision's reason (:func:`decide`, :func:`repick`)."""
+    return f"pick t{trial} by the tie-break ({TIE_BREAK}): {by} decided it."
+
+
+_PICK_SENTENCE = re.compile(r"pick t\d+ by the tie-break(?: \(" + re.escape(TIE_BREAK) + r"\): [^.]* decided it\.|: "
+                            + re.escape(TIE_BREAK) + r"\.)")
+
+
+#: the first sentence of a stored ``winner_note`` (sweeps.search.confirm): "Winner t13: 90.6 tok/s mean over 8 runs."
+_WINNER_SENTENCE = re.compile(r"^Winner t\d+: (?P<val>-?\d+(?:\.(?P<dec>\d+))?)(?P<unit>.*?) mean over \d+ runs\.")
+
+
+def _winner_sentence(m: re.Match[str], c: Contender) -> str:
+    """The winner sentence for ``c``, in the number format and unit of the one it replaces."""
+    digits = len(m.group("dec") or "")
+    return f"Winner t{c.trial}: {c.mean:.{digits}f}{m.group('unit')} mean over {len(c.values)} runs."
+
+
 def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confidence: float,
            max_repeats: int, fmt: Callable[[float], str] = lambda v: f"{v:.4g}") -> Decision:
     """Decide the race from the repeats so far (pure).
@@ -246,8 +283,7 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
         reason = (f"t{lead.trial} ({fmt(lead.mean)}) separated from every other contender "
                   f"at {confidence * 100:.0f} % (Welch).")
     if len(group) > 1:
-        reason += (f" Tie group {', '.join(f't{t}' for t in tie)}; pick t{chosen.trial} by the tie-break: "
-                   f"{TIE_BREAK}.")
+        reason += f" Tie group {', '.join(f't{t}' for t in tie)}; {pick_sentence(chosen.trial, decided_by(group, chosen))}"
     return Decision(status, lead.trial, rel, tie, chosen.trial, [], reason)
 
 
@@ -275,7 +311,16 @@ def repick(confirmation: Mapping[str, object], serving: Mapping[int, bool | None
                          serving_ok=by[t].get("serving_ok")) for t in group if t in by]
     if not members:
         return conf
-    chosen = pick(members, maximize).trial
+    winner = pick(members, maximize)
+    chosen = winner.trial
+    sentence = pick_sentence(chosen, decided_by(members, winner))
+    for holder in (conf, conf.get("decision")):
+        for k in ("decision_reason", "reason", "winner_note"):
+            if isinstance(holder, dict) and isinstance(holder.get(k), str):
+                holder[k] = _PICK_SENTENCE.sub(sentence, holder[k])
+    note = conf.get("winner_note")
+    if isinstance(note, str) and chosen != conf.get("winner") and winner.values:
+        conf["winner_note"] = _WINNER_SENTENCE.sub(lambda m: _winner_sentence(m, winner), note, count=1)
     old = conf.get("winner")
     conf["tie_group"] = [chosen] + [t for t in group if t != chosen]
     conf["winner"] = chosen
