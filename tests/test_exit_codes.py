@@ -203,3 +203,23 @@ def test_run_sweep_exits_3_when_nothing_was_measured(tmp_path):
     assert "Traceback" not in r.stderr and "There are no complete trials" not in r.stdout + r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("servesweep: nothing was measured:") and "Next:" in last, last
+
+
+def test_an_unreachable_optuna_database_is_one_line_exit_2_without_its_password(tmp_path):
+    """A PostgreSQL storage that refuses the connection stops before anything starts: one
+    ``servesweep:`` line naming the setting and the cause, exit 2, the password masked."""
+    import socket
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, str(REPO / "run_sweep.py"), "backend=instant", "sweep=smoke",
+                        f"tracking.optuna_storage=postgresql+psycopg://u:s3cr3tpw@127.0.0.1:{port}/x",
+                        f"tracking.store_dir={tmp_path / 'store'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    err = r.stderr + r.stdout
+    assert r.returncode == 2 and "Traceback" not in err, err[-3000:]
+    line = next(ln for ln in err.splitlines() if ln.startswith("servesweep:"))
+    assert "tracking.optuna_storage" in line and "Connection refused" in line and "***" in line
+    assert "s3cr3tpw" not in err and not any("s3cr3tpw" in p.read_text(errors="replace")
+                                            for p in tmp_path.rglob("*") if p.is_file())

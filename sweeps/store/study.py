@@ -152,16 +152,39 @@ class RetryingStorage(optuna.storages.RDBStorage):
         return self._write("set_trial_system_attr", *a, **k)
 
 
+class StorageUnreachable(ConfigurationError, SweepError):
+    """``tracking.optuna_storage`` cannot be opened at start (a database server that refuses or
+    does not answer, a wrong URL); exit code 2, nothing started."""
+
+def _unreachable(url: str, e: BaseException) -> StorageUnreachable:
+    """The one-line stop for a storage database that cannot be connected to (password hidden)."""
+    from sqlalchemy.engine import make_url
+
+    shown = make_url(url).render_as_string(hide_password=True)
+    cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:200]
+    return StorageUnreachable(f"cannot connect to tracking.optuna_storage {shown} ({cause}). Start the database "
+                              f"or fix the URL, then run the same command again; nothing was started.")
+
+
 def optuna_storage(spec: SweepSpec, url: str | None = None) -> RetryingStorage:
     """The Optuna RDB storage of ``spec.optuna_storage`` (or ``url``; schema created on first
     use), every write retried on lock/busy errors (:class:`RetryingStorage`); a SQLite file's
-    directory is created, as the rules and MLflow stores create theirs."""
+    directory is created, as the rules and MLflow stores create theirs.
+
+    Raises:
+        StorageUnreachable: a database server's URL that cannot be connected to.
+    """
+    import sqlalchemy.exc
+
     url = url or spec.optuna_storage
     path = sqlite_tuning.sqlite_path(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    return RetryingStorage(url, engine_kwargs={
-        "connect_args": {"timeout": sqlite_tuning.BUSY_TIMEOUT_MS / 1000}} if path is not None else {})
+        return RetryingStorage(url, engine_kwargs={"connect_args": {"timeout": sqlite_tuning.BUSY_TIMEOUT_MS / 1000}})
+    try:
+        return RetryingStorage(url, engine_kwargs={})
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as e:
+        raise _unreachable(url, e) from None
 
 
 def open_study(spec: SweepSpec, name: str | None = None) -> optuna.Study:
@@ -170,11 +193,20 @@ def open_study(spec: SweepSpec, name: str | None = None) -> optuna.Study:
     Raises:
         SweepError: the existing study was created with a different search space, or
             with another backend, node, model, engine version or objective (:func:`check_identity`).
+        StorageUnreachable: the storage's database cannot be connected to (its URL shown
+            without the password).
     """
+    import sqlalchemy.exc
+
     name = name or spec.study
     objs = spec.objective_set
-    study = optuna.create_study(study_name=name, storage=optuna_storage(spec), sampler=make_sampler(spec),
-                                directions=objs.directions, load_if_exists=True)
+    try:
+        study = optuna.create_study(study_name=name, storage=optuna_storage(spec), sampler=make_sampler(spec),
+                                    directions=objs.directions, load_if_exists=True)
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as e:
+        if sqlite_tuning.sqlite_path(spec.optuna_storage) is not None:
+            raise  # a SQLite file's errors are the store's (full, read-only, corrupt): their own stop
+        raise _unreachable(spec.optuna_storage, e) from None
     sig = space_signature(spec)
     old = study.user_attrs.get(SPACE_ATTR)
     if old is None:
