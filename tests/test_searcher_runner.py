@@ -88,3 +88,25 @@ def test_cancel_all_spares_the_launches_that_finish_within_the_grace(grace_s, ca
     assert runner.cancel_all(grace_s=grace_s) == cancelled
     assert ex.cancelled == ([quick, slow] if cancelled == 2 else [slow])
     assert sorted(runner.inflight.values()) == ["quick", "slow"]  # still there until taken or dropped
+
+
+def test_the_drivers_own_raylet_dying_stops_the_sweep_and_a_lost_node_does_not():
+    """LocalRayletDiedError (the driver's Ray node is gone) is a sweep-level stop: every later
+    launch would fail at once and spend the budget. A worker node's death stays a trial's
+    infra failure, retried elsewhere."""
+    from ray.exceptions import LocalRayletDiedError, NodeDiedError
+
+    from sweeps.run.cluster import RayUnavailable
+    from sweeps.run.executor import collect
+
+    class Raising:
+        def __init__(self, e):
+            self.e = e
+
+        def result(self, handle):
+            raise self.e
+
+    with pytest.raises(RayUnavailable, match="raylet is gone"):
+        collect(Raising(LocalRayletDiedError()), object())
+    res = collect(Raising(NodeDiedError("node 1 died")), object())
+    assert res.status == "infra_error"

@@ -53,11 +53,32 @@ def infra_result(e: BaseException) -> TrialResult:
 
 
 def collect(executor: Executor, handle: Any) -> TrialResult:
-    """``executor.result(handle)``, an exception becoming :func:`infra_result`."""
+    """``executor.result(handle)``, an exception becoming :func:`infra_result`.
+
+    Raises:
+        RayUnavailable: the driver's own raylet died (``ray.exceptions.LocalRayletDiedError``):
+            no task can run any more, so every later launch would fail at once as infra and
+            spend the budget; the sweep stops (exit 1) and the next run recovers the trial.
+    """
     try:
         return executor.result(handle)
     except Exception as e:  # noqa: BLE001 - Ray infra failure (node died, worker crashed)
+        if _local_raylet_died(e):
+            from sweeps.run.cluster import RayUnavailable
+
+            raise RayUnavailable(
+                "this driver's Ray node died (its raylet is gone: LocalRayletDiedError), so no trial can run; the "
+                "sweep stopped. Trials recorded so far are kept and the running ones are recovered by the next run: "
+                "start Ray again if it was external (ray start / ray.address) and run the same command.") from None
         return infra_result(e)
+
+
+def _local_raylet_died(e: BaseException) -> bool:
+    try:
+        from ray.exceptions import LocalRayletDiedError
+    except ImportError:  # an executor without Ray
+        return False
+    return isinstance(e, LocalRayletDiedError)
 
 
 def retry_reason(res: TrialResult, attempt: int, retries_transient: int) -> str | None:
