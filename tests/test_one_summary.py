@@ -141,22 +141,24 @@ def test_the_summary_reports_the_serving_check(swept):
     assert serving_checks.passes(check, check["winner_trial"]) is (check["verdict"] == "holds")
 
 
+class _NoLaunch:
+    """The driver's study and spec as a serving-check host whose executor must not be used."""
+
+    interrupted = False
+
+    def __init__(self, drv):
+        self.spec, self.study, self.study_name = drv.spec, drv.study, drv.study_name
+
+    @property
+    def executor(self):
+        raise AssertionError("a stored serving check is reused: nothing is launched")
+
+
 def test_a_rerun_of_the_finished_study_reuses_the_serving_check(swept):
     drv, spec, _, _ = swept
     check = dict(drv.study.user_attrs[serving_checks.ATTR])
-
-    class NoLaunch:
-        spec = drv.spec
-        study = drv.study
-        study_name = drv.study_name
-        interrupted = False
-
-        @property
-        def executor(self):
-            raise AssertionError("a stored serving check is reused: nothing is launched")
-
     recs = {r.number: r for r in records.load_records(drv.study)}
-    again = serving_checks.run_serving_check(NoLaunch(), recs[check["winner_trial"]], recs[check["baseline_trial"]])
+    again = serving_checks.run_serving_check(_NoLaunch(drv), recs[check["winner_trial"]], recs[check["baseline_trial"]])
     assert again == check
 
 
@@ -263,18 +265,7 @@ def test_a_rerun_of_the_tie_group_check_launches_nothing_and_counts_every_launch
     done = drv.study.user_attrs[serving_checks.ALL_ATTR]
     check = dict(drv.study.user_attrs[serving_checks.ATTR])
     assert check["launches"] == sum(int(v.get("launches") or 0) for v in done.values()) >= 1
-
-    class NoLaunch:
-        spec = drv.spec
-        study = drv.study
-        study_name = drv.study_name
-        interrupted = False
-
-        @property
-        def executor(self):
-            raise AssertionError("every stored serving check is reused: nothing is launched")
-
-    again, conf2 = serving_checks.check_tie_group(NoLaunch(), conf)
+    again, conf2 = serving_checks.check_tie_group(_NoLaunch(drv), conf)
     assert again["winner_trial"] == check["winner_trial"] and again["launches"] == check["launches"]
     assert conf2.get("winner") == conf.get("winner")
 
