@@ -143,3 +143,45 @@ def test_the_reason_names_the_step_that_decided_and_follows_a_repick():
     for text in (out["decision_reason"], out["decision"]["reason"], out["winner_note"]):
         assert "pick t1 by the tie-break" in text and "the serving check decided it." in text and "pick t2" not in text
     assert out["winner_note"].startswith("Winner t1: 90.0 tok/s mean over 3 runs.")
+
+
+def test_departure_counts_log2_steps_of_numeric_settings_from_the_baseline():
+    """g128 against the baseline's g512 is 2 steps, g32 4; categorical knobs and equal values
+    count 0 (they are the non-default settings' business)."""
+    base = {"cuda_graph_max_bs": 512, "nccl_algo": None, "speculative": False}
+    assert decision.departure({"cuda_graph_max_bs": 128, "nccl_algo": None}, base) == 2.0
+    assert decision.departure({"cuda_graph_max_bs": 32, "nccl_algo": "Ring"}, base) == 4.0
+    assert decision.departure({"cuda_graph_max_bs": 512, "speculative": True}, base) == 0.0
+
+
+def test_on_a_plateau_the_member_nearest_the_baseline_is_picked_whatever_the_means():
+    """Equal setting counts: the smaller departure decides before cost and mean, so a plateau's
+    pick does not follow the noisiest mean."""
+    near = decision.Contender(1, [89.0, 89.4], 2, non_default=1, departure=2.0)
+    far = decision.Contender(2, [90.0, 90.4], 2, non_default=1, departure=4.0)
+    fewer = decision.Contender(3, [88.9, 89.1], 2, non_default=0, departure=6.0)
+    assert decision.pick([far, near], maximize=True).trial == 1
+    assert decision.decided_by([far, near], near) == "settings nearer the baseline's"
+    assert decision.pick([far, near, fewer], maximize=True).trial == 3  # fewer settings first
+
+
+def test_simplifications_are_measured_configs_between_the_leader_and_the_baseline():
+    """The leader g64 + Ring + LL races g128 (every knob between it and the baseline) and g64 +
+    Ring (one setting reverted), best measured first; g32 (beyond the leader), a config with
+    another algo, the baseline, the leader itself and failed trials never join."""
+    from sweeps.search.confirm import simplifications
+    from sweeps.store import records
+
+    def mk(n: int, g: int, algo: str | None, proto: str | None, v: float | None, base: bool = False,
+           status: str = "ok") -> records.TrialRecord:
+        return records.TrialRecord(n, "COMPLETE", {"cuda_graph_max_bs": g, "nccl_algo": algo, "nccl_proto": proto},
+                                   status, {"decode_tok_s": v} if v is not None else {}, is_baseline=base)
+    base = mk(0, 512, None, None, 82.0, True)
+    lead = mk(1, 64, "Ring", "LL", 91.0)
+    recs = [base, lead, mk(2, 128, None, None, 89.0), mk(3, 64, "Ring", None, 90.0), mk(4, 32, None, None, 90.5),
+            mk(5, 128, "Tree", None, 90.8), mk(6, 256, None, None, 84.0), mk(7, 128, None, "LL", None, status="failed")]
+    got = simplifications(recs, lead, base, n=2)
+    assert [r.number for r in got] == [3, 2]
+    assert [r.number for r in simplifications(recs, lead, base, n=5)] == [3, 2, 6]
+    assert simplifications(recs, lead, None) == [] and simplifications(recs, lead, base, n=0) == []
+    assert [r.number for r in simplifications(recs, lead, base, n=2, exclude={records.config_key(recs[3].params)})] == [2, 6]

@@ -36,6 +36,10 @@ ATTR = "confirmation"
 # Confirmation runs use trial numbers CONFIRM_BASE + trial * 100 + repeat (work dirs and
 # the instant backend's noise seed); far above any study's trial numbers.
 CONFIRM_BASE = 10_000_000
+#: Measured configs simpler than the leader that join the race (:func:`simplifications`). Two:
+#: on the campaign's plateau the nearest-to-baseline member and one more are enough for the
+#: tie-break to land on the same config from any seed, at 2 x ``repeats`` extra launches.
+SIMPLER_MAX = 2
 
 
 def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
@@ -132,11 +136,58 @@ def candidates(records: list[trial_records.TrialRecord], k: int, objective: Obje
     return top, base
 
 
+def _between(v: Any, lead: Any, base: Any) -> bool:
+    """``v`` is the leader's value, the baseline's, or (numbers) lies between them."""
+    if v == lead or v == base:
+        return True
+    nums = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (v, lead, base))
+    return nums and min(lead, base) <= v <= max(lead, base)
+
+
+def simplifications(records: list[trial_records.TrialRecord], leader: trial_records.TrialRecord,
+                    base: trial_records.TrialRecord | None, n: int = SIMPLER_MAX,
+                    objective: Objective | ObjectiveSet | None = None,
+                    exclude: set[str] | None = None) -> list[trial_records.TrialRecord]:
+    """Up to ``n`` measured configs simpler than ``leader``: each knob keeps the leader's value,
+    reverts to the baseline's, or (numbers) lies between the two; at least one knob moved, and
+    not the baseline itself. The best ``n`` by the sweep's measurement among the
+    :func:`sweeps.store.records.rankable` trials, one per config.
+
+    Why: the sweep's best is the largest of noisy single measurements, so on a plateau of
+    equivalent configs it is a different member from seed to seed. Racing the leader against
+    its measured simplifications lets the tie-break (fewer non-default settings, nearer the
+    baseline) choose the same member whichever one the seed measured best.
+
+    Args:
+        records: the study's trials.  leader: the sweep's best config.  base: the baseline
+            trial (None: no simplifications).  exclude: config keys already in the race.
+    Returns:
+        trial records, best first; [] without a baseline or when ``n <= 0``.
+    """
+    if base is None or n <= 0:
+        return []
+    keys = set(exclude or ()) | {trial_records.config_key(leader.params), trial_records.config_key(base.params)}
+    out: list[trial_records.TrialRecord] = []
+    for r in trial_records.ranked_records(records, objective):
+        key = trial_records.config_key(r.params)
+        if key in keys or r.is_baseline:
+            continue
+        knobs = set(r.params) | set(leader.params) | set(base.params)
+        if all(_between(r.params.get(k), leader.params.get(k), base.params.get(k)) for k in knobs):
+            keys.add(key)
+            out.append(r)
+            if len(out) >= n:
+                break
+    return out
+
+
 def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: float = 0.95,
                 extra_env: Mapping[str, Mapping[str, str]] | Callable[[dict[str, Any]], Mapping[str, str]] | None = None,
                 force: bool = False, margin: float = 0.01, max_repeats: int | None = None,
-                serving_check: Callable[[Mapping[str, Any]], bool | None] | None = None) -> dict[str, Any]:
-    """Race the top ``k`` configs and the baseline: ``repeats`` launches each, then one more
+                serving_check: Callable[[Mapping[str, Any]], bool | None] | None = None,
+                simpler_max: int = SIMPLER_MAX) -> dict[str, Any]:
+    """Race the top ``k`` configs, up to ``simpler_max`` measured :func:`simplifications` of
+    the best of them, and the baseline: ``repeats`` launches each, then one more
     repeat of the leader and of each contender it is neither separated from nor equivalent to
     (within ``margin``), until the race is decided or each has ``max_repeats`` launches.
 
@@ -156,6 +207,7 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
         max_repeats: launches per config at most (default ``repeats``: no race).
         serving_check: the serving-check hook, ``entry -> passed`` (None: not checked); read
             by the tie-break (see :mod:`sweeps.search.decision`). None = no check.
+        simpler_max: simplifications of the leader that join the race (0 = none).
     Returns:
         the confirmation (shape: :mod:`sweeps.search.decision`'s docstring); {} when there is
         nothing to confirm or the race was interrupted before it stored anything.
@@ -167,6 +219,9 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
         return {}
     todo: list[tuple[trial_records.TrialRecord, bool]] = ([(base, True)] if base is not None else []) + \
         [(r, False) for r in top if base is None or r.number != base.number]
+    simpler = simplifications(recs, top[0], base, simpler_max, obj,
+                              exclude={trial_records.config_key(r.params) for r, _ in todo})
+    todo += [(r, False) for r in simpler]
     cand_ids = [r.number for r, _ in todo]
     cap = max(repeats, max_repeats or repeats)
     old = driver.study.user_attrs.get(ATTR) or {}
@@ -540,6 +595,7 @@ def summarize(todo: list[tuple[trial_records.TrialRecord, bool]], results: Mappi
     for i, (r, is_base) in enumerate(todo):
         e = _entry(r, is_base, ok_vals.get(i, []), base_vals, results.get(i, []), obj, confidence)
         e["non_default"] = non_default[i] if non_default else 0
+        e["departure"] = decision_stats.departure(r.params, todo[base_idx][0].params) if base_idx is not None else 0.0
         if is_base:
             e["tokens_match"], e["mismatch_detail"] = None, "reference"
         elif tokens is not None:
@@ -554,7 +610,7 @@ def summarize(todo: list[tuple[trial_records.TrialRecord, bool]], results: Mappi
                            and not e["violated"] and math.isfinite(e["mean"])], lambda e: e["mean"])
     dec = decision_stats.decide([decision_stats.Contender(e["trial"], [float(v) for v in e["values"]], int(e["launched"]),
                                                           e in eligible, e["is_baseline"], int(e["non_default"]),
-                                                          float(e["cost"]), e["serving_ok"])
+                                                          float(e["cost"]), e["serving_ok"], float(e["departure"]))
                     for e in entries], obj.maximize, margin, confidence, cap,
                    fmt=lambda v: metric_text(obj.name, v))
     winner = next((e for e in entries if e["trial"] == dec.pick), None)

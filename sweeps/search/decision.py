@@ -28,7 +28,8 @@ the race, the others are as before::
                                     high None when unbounded),
                   "vs_leader" (new: "leader" | "separated" | "equivalent" | "undecided" | "out"),
                   "in_tie_group" (new: bool), "non_default" (new: settings differing from the
-                  baseline's render: env vars + flags), "cost" (new: mean launch wall s),
+                  baseline's render: env vars + flags), "departure" (new: :func:`departure`),
+                  "cost" (new: mean launch wall s),
                   "serving_ok" (new: True / False / None = no serving check)}]}
 
 Tests: a contender is *separated* when the Welch interval (at ``confidence``) of the
@@ -37,7 +38,8 @@ tests (TOST, Schuirmann 1987: the ``1 - 2*alpha`` Welch interval of the differen
 within ``+-margin * |leader mean|``) pass; otherwise *undecided* and both get more repeats.
 The tie group is the leader and every contender not separated from it. The pick within it:
 passes the serving check (True before None before False), then fewer non-default settings,
-then cheaper (a mean launch wall time at least :data:`COST_TIE` shorter), then the better mean.
+then the smaller departure from the baseline's numeric settings (:func:`departure`), then
+cheaper (a mean launch wall time at least :data:`COST_TIE` shorter), then the better mean.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from dataclasses import dataclass, field
 
 #: What the tie-break says, in order (quoted by the summary and the findings).
 TIE_BREAK = ("passes the serving check, then fewer non-default settings (env vars, flags), "
+             "then numeric settings nearer the baseline's (log2 steps), "
              "then cheaper (a launch at least 10 % shorter), then the better mean")
 #: In the tie-break, launch costs (mean wall s of a config's confirmation launches) within this
 #: fraction of the cheapest count as equal. A launch's wall time varies run to run (server
@@ -157,6 +160,7 @@ class Contender:
     non_default: int = 0
     cost: float = 0.0
     serving_ok: bool | None = None
+    departure: float = 0.0
 
     @property
     def mean(self) -> float:
@@ -178,9 +182,30 @@ class Decision:
     reason: str = ""
 
 
+def departure(params: Mapping[str, object], baseline: Mapping[str, object]) -> float:
+    """How far a config's numeric settings are from the baseline's: the sum over knobs of
+    ``|log2(value / baseline value)|`` where both are positive numbers and differ, rounded to
+    0.01 (``cuda_graph_max_bs`` 128 against 512: 2.0; 32: 4.0). Other knobs count 0 here (they
+    are counted by the non-default settings).
+
+    Why a tie-break: on a plateau of equivalent configs (``cuda_graph_max_bs`` 8 to 128 on the
+    campaign's node) the member nearest the configuration people run today is the smallest
+    change to deploy, and it is the same member whichever of them a seed happened to measure
+    best, so the decision stops depending on the sampler's seed."""
+    total = 0.0
+    for k, v in params.items():
+        b = baseline.get(k)
+        if isinstance(v, bool) or isinstance(b, bool) or not isinstance(v, (int, float)) \
+                or not isinstance(b, (int, float)) or v == b or v <= 0 or b <= 0:
+            continue
+        total += abs(math.log2(float(v) / float(b)))
+    return round(total, 2)
+
+
 def pick(members: Sequence[Contender], maximize: bool) -> Contender:
     """The tie-break (:data:`TIE_BREAK`): the member that passes the serving check (unchecked
-    next, failed last), then with the fewest non-default settings, then among those within
+    next, failed last), then with the fewest non-default settings, then the smallest
+    :func:`departure` from the baseline, then among those within
     :data:`COST_TIE` of the cheapest launch, the better mean (then the lower trial number).
 
     Raises:
@@ -189,8 +214,8 @@ def pick(members: Sequence[Contender], maximize: bool) -> Contender:
     if not members:
         raise ValueError("pick() needs at least one member")
 
-    def first(c: Contender) -> tuple[int, int]:
-        return {True: 0, None: 1, False: 2}[c.serving_ok], c.non_default
+    def first(c: Contender) -> tuple[int, int, float]:
+        return {True: 0, None: 1, False: 2}[c.serving_ok], c.non_default, c.departure
     best = min(first(c) for c in members)
     same = [c for c in members if first(c) == best]
     cheapest = min(c.cost for c in same)
@@ -200,8 +225,8 @@ def pick(members: Sequence[Contender], maximize: bool) -> Contender:
 
 def decided_by(members: Sequence[Contender], chosen: Contender) -> str:
     """Which step of :data:`TIE_BREAK` set ``chosen`` (:func:`pick`'s choice) apart from the
-    other ``members``: ``"the serving check"``, ``"fewer non-default settings"``, ``"a cheaper
-    launch"`` or ``"the better mean"``."""
+    other ``members``: ``"the serving check"``, ``"fewer non-default settings"``, ``"settings
+    nearer the baseline's"``, ``"a cheaper launch"`` or ``"the better mean"``."""
     def serving(c: Contender) -> int:
         return {True: 0, None: 1, False: 2}[c.serving_ok]
     rest = [c for c in members if c is not chosen and serving(c) == serving(chosen)]
@@ -210,6 +235,9 @@ def decided_by(members: Sequence[Contender], chosen: Contender) -> str:
     same = [c for c in rest if c.non_default == chosen.non_default]
     if not same:
         return "fewer non-default settings"
+    same = [c for c in same if c.departure == chosen.departure]
+    if not same:
+        return "settings nearer the baseline's"
     if all(c.cost > chosen.cost * (1 + COST_TIE) for c in same):
         return "a cheaper launch"
     return "the better mean"
@@ -308,7 +336,8 @@ def repick(confirmation: Mapping[str, object], serving: Mapping[int, bool | None
             e["serving_ok"] = serving[int(e["trial"])]
     members = [Contender(t, list(by[t].get("values") or []), int(by[t].get("n") or 0),
                          non_default=int(by[t].get("non_default") or 0), cost=float(by[t].get("cost") or 0.0),
-                         serving_ok=by[t].get("serving_ok")) for t in group if t in by]
+                         serving_ok=by[t].get("serving_ok"), departure=float(by[t].get("departure") or 0.0))
+               for t in group if t in by]
     if not members:
         return conf
     winner = pick(members, maximize)
