@@ -182,6 +182,11 @@ class Decision:
     reason: str = ""
 
 
+def is_number(x: object) -> bool:
+    """An int or float setting value (a bool is a switch, not a number)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def departure(params: Mapping[str, object], baseline: Mapping[str, object]) -> float:
     """How far a config's numeric settings are from the baseline's: the sum over knobs of
     ``|log2(value / baseline value)|`` where both are positive numbers and differ, rounded to
@@ -195,8 +200,7 @@ def departure(params: Mapping[str, object], baseline: Mapping[str, object]) -> f
     total = 0.0
     for k, v in params.items():
         b = baseline.get(k)
-        if isinstance(v, bool) or isinstance(b, bool) or not isinstance(v, (int, float)) \
-                or not isinstance(b, (int, float)) or v == b or v <= 0 or b <= 0:
+        if not (is_number(v) and is_number(b)) or v == b or v <= 0 or b <= 0:  # type: ignore[operator]
             continue
         total += abs(math.log2(float(v) / float(b)))
     return round(total, 2)
