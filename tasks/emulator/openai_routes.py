@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -89,6 +90,46 @@ class OpenAIRoutes:
                 subs.append(sub)
         return subs
 
+    async def _run_to_end(self, subs: list[Sub], t_recv: float) -> None:
+        """Generate every choice to its end (the non-streaming answer reads ``sub.text``/``sub.out``)."""
+        async with aclosing(self.api.run_all(subs, t_recv)) as gen:
+            async for _ in gen:
+                pass
+
+    async def _stream(self, request: web.Request, body: dict, subs: list[Sub], n: int, t_recv: float,
+                      step: Callable[[int, Sub, str, list[int], bool], list[dict]],
+                      envelope: Callable[[list[dict], dict | None], dict]) -> web.StreamResponse:
+        """The SSE answer both routes share: per scheduler step of choice ``i``, ``step(i, sub, delta,
+        new_ids, first)`` gives the choice objects to send (chat: a role chunk first), each wrapped by
+        ``envelope(choices, usage)``; the running usage rides on the step's last chunk with
+        ``stream_options.continuous_usage_stats``; with ``include_usage`` one more chunk with
+        ``choices: []`` carries the total; then ``[DONE]``."""
+        opts = body.get("stream_options") or {}
+        include_usage = bool(opts.get("include_usage"))
+        continuous = include_usage and bool(opts.get("continuous_usage_stats"))
+        resp = await self.api.sse(request)
+        seen: set[int] = set()
+        n_ids = [0] * len(subs)
+
+        async def send(chunk: dict) -> None:
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+        async with aclosing(self.api.run_all(subs, t_recv)) as gen:
+            async for i, delta in gen:
+                sub = subs[i]
+                first = i not in seen
+                seen.add(i)
+                new_ids, n_ids[i] = sub.out[n_ids[i]:], len(sub.out)
+                choices = step(i, sub, delta, new_ids, first)
+                for k, choice in enumerate(choices):
+                    last = k == len(choices) - 1
+                    await send(envelope([choice], self._usage(subs, n) if continuous and last else None))
+        if include_usage:
+            await send(envelope([], self._usage(subs, n)))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
     async def _parse_common(self, request: web.Request) -> tuple[dict, float] | web.Response:
         t_recv = time.monotonic()
         early = self.api.not_ready()
@@ -150,38 +191,22 @@ class OpenAIRoutes:
 
         ext = {"sglext": {"emulator_placeholder_logprobs": True}} if logprobs is not None else {}
         if body.get("stream"):
-            opts = body.get("stream_options") or {}
-            include_usage = bool(opts.get("include_usage"))
-            continuous = include_usage and bool(opts.get("continuous_usage_stats"))
-            resp = await self.api.sse(request)
-            seen: set[int] = set()
-            n_ids = [0] * len(subs)
-            async with aclosing(self.api.run_all(subs, t_recv)) as gen:
-                async for i, delta in gen:
-                    sub = subs[i]
-                    if i not in seen:
-                        seen.add(i)
-                        if echo:
-                            delta = echo_text(sub) + delta
-                    new_ids, n_ids[i] = sub.out[n_ids[i]:], len(sub.out)
-                    lp = (self._completion_logprobs(sub, new_ids, logprobs, len(sub.text) - len(delta))
-                          if logprobs is not None else None)
-                    ch = {"id": cid, "object": "text_completion", "created": created, "model": model,
-                          "choices": [{"index": i, "text": delta, "logprobs": lp,
-                                       "finish_reason": sub.finish["type"] if sub.finish else None,
-                                       "matched_stop": (sub.finish or {}).get("matched")}],
-                          "usage": self._usage(subs, n) if continuous else None, **ext}
-                    await resp.write(f"data: {json.dumps(ch)}\n\n".encode())
-            if include_usage:
-                u = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                     "usage": self._usage(subs, n)}
-                await resp.write(f"data: {json.dumps(u)}\n\n".encode())
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-            return resp
-        async with aclosing(self.api.run_all(subs, t_recv)) as gen:
-            async for _ in gen:
-                pass
+            def step(i: int, sub: Sub, delta: str, new_ids: list[int], first: bool) -> list[dict]:
+                if first and echo:
+                    delta = echo_text(sub) + delta
+                lp = (self._completion_logprobs(sub, new_ids, logprobs, len(sub.text) - len(delta))
+                      if logprobs is not None else None)
+                return [{"index": i, "text": delta, "logprobs": lp,
+                         "finish_reason": sub.finish["type"] if sub.finish else None,
+                         "matched_stop": (sub.finish or {}).get("matched")}]
+
+            def envelope(choices: list[dict], usage: dict | None) -> dict:
+                # the usage-only chunk has no choices, so no placeholder-logprobs block
+                return {"id": cid, "object": "text_completion", "created": created, "model": model,
+                        "choices": choices, "usage": usage, **(ext if choices else {})}
+
+            return await self._stream(request, body, subs, n, t_recv, step, envelope)
+        await self._run_to_end(subs, t_recv)
         choices = [{"index": i, "text": (echo_text(s) if echo else "") + s.text,
                     "logprobs": self._completion_logprobs(s, s.out, logprobs, 0) if logprobs is not None else None,
                     "finish_reason": s.finish["type"] if s.finish else None,
@@ -231,39 +256,21 @@ class OpenAIRoutes:
         created = int(time.time())
         ext = {"sglext": {"emulator_placeholder_logprobs": True}} if want_lp else {}
 
-        def chunk(choice: dict, usage: dict | None = None) -> bytes:
-            c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                 "choices": [choice] if choice else [], "usage": usage, **ext}
-            return f"data: {json.dumps(c)}\n\n".encode()
+        def step(i: int, sub: Sub, delta: str, new_ids: list[int], first: bool) -> list[dict]:
+            role = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                     "finish_reason": None}] if first else []
+            return role + [{"index": i, "delta": {"content": delta},
+                            "logprobs": self._chat_logprobs(new_ids, top) if want_lp else None,
+                            "finish_reason": sub.finish["type"] if sub.finish else None,
+                            "matched_stop": (sub.finish or {}).get("matched")}]
+
+        def envelope(choices: list[dict], usage: dict | None) -> dict:
+            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": choices, "usage": usage, **ext}
 
         if body.get("stream"):
-            opts = body.get("stream_options") or {}
-            include_usage = bool(opts.get("include_usage"))
-            continuous = include_usage and bool(opts.get("continuous_usage_stats"))
-            resp = await self.api.sse(request)
-            seen: set[int] = set()
-            n_ids = [0] * len(subs)
-            async with aclosing(self.api.run_all(subs, t_recv)) as gen:
-                async for i, delta in gen:
-                    sub = subs[i]
-                    if i not in seen:
-                        seen.add(i)
-                        await resp.write(chunk({"index": i, "delta": {"role": "assistant", "content": ""},
-                                                "logprobs": None, "finish_reason": None}))
-                    new_ids, n_ids[i] = sub.out[n_ids[i]:], len(sub.out)
-                    await resp.write(chunk({"index": i, "delta": {"content": delta},
-                                            "logprobs": self._chat_logprobs(new_ids, top) if want_lp else None,
-                                            "finish_reason": sub.finish["type"] if sub.finish else None,
-                                            "matched_stop": (sub.finish or {}).get("matched")},
-                                           self._usage(subs, n) if continuous else None))
-            if include_usage:
-                await resp.write(chunk({}, self._usage(subs, n)))
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-            return resp
-        async with aclosing(self.api.run_all(subs, t_recv)) as gen:
-            async for _ in gen:
-                pass
+            return await self._stream(request, body, subs, n, t_recv, step, envelope)
+        await self._run_to_end(subs, t_recv)
         choices = [{"index": i, "message": {"role": "assistant", "content": s.text, "reasoning_content": None,
                                             "tool_calls": None},
                     "logprobs": self._chat_logprobs(s.out, top) if want_lp else None,
