@@ -26,10 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),
                                  reason="SERVESWEEP_VLLM_AGREEMENT=1 runs it (10-30 min)")]
 
 
-@pytest.mark.xfail(strict=False, reason="TTFT gap not closed: with a warmed prefix cache ours/vLLM's median TTFT "
-                   "is 3.4 (vLLM's p50 29-132 ms, ours 82-343 ms; 4 of 5 pairs higher) at load ~2.5 per CPU, "
-                   "2026-12-04, while cold (no warm-up run) it was 0.85 over 2 pairs: the prompts' prefix-cache "
-                   "hits differ, not the clocks; benchmarks/results/vllm_client_agreement.md")
+@pytest.mark.xfail(strict=False, reason="per-chunk ITL mean not within 3 % on a shared machine: 1.24 (pairs 0.7-1.5, "
+                   "following the server's own speed from run to run) at load 2.4 per CPU, 2026-12-04; median TTFT "
+                   "0.90 and output tok/s 0.93 within 10 %; benchmarks/results/vllm_client_agreement.md")
 def test_our_client_within_bounds_of_vllms_own(vllm_env, tmp_path):  # noqa: F811 - fixture
     res = agreement.compare(pairs=5, log_dir=tmp_path)
     agreement.write_results(res)  # the figures seen, kept in benchmarks/results/
