@@ -50,10 +50,16 @@ class Target:
     model: str | None = None
 
 
-def prompt_ids(api: Api, n: int, seed: int, index: int) -> list[int]:
-    """Deterministic prompt token ids of request ``index`` (``n`` ids in the API's range)."""
+def prompt_ids(api: Api, n: int, seed: int, index: int, level: int = 0) -> list[int]:
+    """Deterministic prompt token ids of request ``index`` of load level ``level`` (``n`` ids in
+    the API's range).
+
+    Each level of one server gets prompts of its own: SGLang's radix cache and vLLM's prefix
+    cache (both on by default) would otherwise serve a later level's prompts from an earlier
+    one's KV cache, and its TTFT would time less prefill than the workload asks.
+    """
     lo, hi = PROMPT_IDS[api]
-    return np.random.default_rng((seed, index + 2**20)).integers(lo, hi, size=n).tolist()
+    return np.random.default_rng((seed, index + 2**20, level)).integers(lo, hi, size=n).tolist()
 
 
 def protocol_for(t: Target) -> StreamProtocol:
@@ -79,10 +85,12 @@ async def send_one(session: aiohttp.ClientSession, t: Target, req: PlannedReques
 
 
 async def run_plan(t: Target, plan: tuple[PlannedRequest, ...], max_concurrency: int | None, *, seed: int = 0,
-                   request_timeout_s: float = 60.0, deadline_s: float | None = None) -> tuple[list[RequestRecord], float]:
+                   level: int = 0, request_timeout_s: float = 60.0,
+                   deadline_s: float | None = None) -> tuple[list[RequestRecord], float]:
     """Send ``plan`` (arrival offsets in s) and return ``(records, duration_s)``; records are in
-    plan order, the duration runs from the first send to the last response."""
-    prompts = [prompt_ids(t.api, r.prompt_len, seed, i) for i, r in enumerate(plan)]
+    plan order, the duration runs from the first send to the last response. ``level``: which
+    prompt set (:func:`prompt_ids`)."""
+    prompts = [prompt_ids(t.api, r.prompt_len, seed, i, level) for i, r in enumerate(plan)]
     limit = max(100, 2 * (max_concurrency or len(plan)))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit)) as session:
         protocol = protocol_for(t)
@@ -124,16 +132,17 @@ async def run_plan(t: Target, plan: tuple[PlannedRequest, ...], max_concurrency:
     return records, dur
 
 
-def run_level(t: Target, w: Workload, *, slos_ms: dict[str, float] | None = None, seed: int = 0,
+def run_level(t: Target, w: Workload, *, slos_ms: dict[str, float] | None = None, seed: int = 0, level: int = 0,
               request_timeout_s: float = 60.0, deadline_s: float | None = None) -> tuple[dict[str, float], list[RequestRecord]]:
     """One load level: ``w``'s requests against ``t`` -> (:func:`tasks.serving_metrics.summarize`
     metrics plus ``offered_rate_req_s`` (open loop) or ``concurrency`` (closed loop), records).
+    ``level``: the level's number on this server, which picks its own prompts (:func:`prompt_ids`).
 
     Raises:
         ValueError: a bad workload (its dataset rows); RuntimeError: OpenAI server lists no model.
     """
     plan = build_requests(w)
-    records, dur = asyncio.run(run_plan(t, plan.requests, plan.max_concurrency, seed=seed,
+    records, dur = asyncio.run(run_plan(t, plan.requests, plan.max_concurrency, seed=seed, level=level,
                                         request_timeout_s=request_timeout_s, deadline_s=deadline_s))
     metrics = summarize(records, duration_s=dur if dur > 0 else None, slos_ms=slos_ms)
     if plan.max_concurrency is not None:

@@ -116,9 +116,12 @@ def search_rate(target: Target, bench: BenchSpec, deadline_at: float | None = No
     """
     w, ls, slo = workload_of(bench), bench.load_search, bench.slo
     slos = slo_ms(slo)
+    levels_sent = 0
 
     def measure(rate: float) -> dict[str, float]:
-        m, _ = run_level(target, w.at_rate(rate), slos_ms=slos, seed=bench.seed,
+        nonlocal levels_sent
+        levels_sent += 1
+        m, _ = run_level(target, w.at_rate(rate), slos_ms=slos, seed=bench.seed, level=levels_sent,
                          request_timeout_s=bench.request_timeout_s, deadline_s=_level_deadline(deadline_at))
         log.info("load level %.3f req/s: goodput_req_s=%.3f ttft_ms_p99=%.1f tpot_ms_p99=%.2f", rate,
                  m.get("goodput_req_s", 0.0), m.get("ttft_ms_p99", math.nan), m.get("tpot_ms_p99", math.nan))
@@ -130,20 +133,23 @@ def search_rate(target: Target, bench: BenchSpec, deadline_at: float | None = No
     met = {lv.rate_req_s: lv.met for lv in res.levels}
     curve = [{"rate_req_s": r, "met": met[r], "metrics": dict(m)} for r, m in res.curve()]
     return metrics, {"kind": "load_search", "slo": vars(slo), "stopped_at_incumbent": res.stopped_at_incumbent,
-                     "capped": res.capped, "censored": res.censored, "bracket_rel": res.bracket_rel, "levels": curve}
+                     "capped": res.capped, "censored": res.censored, "bracket_rel": res.bracket_rel, "levels": curve,
+                     "prompt_sets": levels_sent}
 
 
-def sweep_concurrency(target: Target, bench: BenchSpec,
-                      deadline_at: float | None = None) -> tuple[dict[str, float], dict]:
+def sweep_concurrency(target: Target, bench: BenchSpec, deadline_at: float | None = None,
+                      first_level: int = 1) -> tuple[dict[str, float], dict]:
     """The closed-loop levels: ``(metrics keyed <metric>_c<N>, artifact with every level)``.
 
-    A level after the bench deadline sends nothing and fails.
+    A level after the bench deadline sends nothing and fails. ``first_level``: the number of the
+    first level on this server (levels already sent to it used the ones below; each has its own
+    prompts, :func:`tasks.load_client.prompt_ids`).
     """
     w = workload_of(bench)
     metrics: dict[str, float] = {}
     levels = []
-    for c in bench.concurrency_levels:
-        m, _ = run_level(target, w.at_concurrency(c), slos_ms=slo_ms(bench.slo), seed=bench.seed,
+    for level, c in enumerate(bench.concurrency_levels, start=first_level):
+        m, _ = run_level(target, w.at_concurrency(c), slos_ms=slo_ms(bench.slo), seed=bench.seed, level=level,
                          request_timeout_s=bench.request_timeout_s, deadline_s=_level_deadline(deadline_at))
         for src, name in LEVEL_KEYS.items():
             if src in m:
@@ -151,7 +157,7 @@ def sweep_concurrency(target: Target, bench: BenchSpec,
         levels.append({"concurrency": c, "metrics": m})
         log.info("concurrency %d: output_tok_s=%.1f tpot_ms_p50=%.2f", c, m["output_throughput_tok_s"],
                  m["tpot_ms_p50"])
-    return metrics, {"kind": "concurrency", "levels": levels}
+    return metrics, {"kind": "concurrency", "levels": levels, "prompt_sets": len(levels)}
 
 
 def run_load(base_url: str, api: str, bench: BenchSpec,
@@ -174,7 +180,8 @@ def run_load(base_url: str, api: str, bench: BenchSpec,
         metrics |= m
         arts.append(a)
     if bench.concurrency_levels:
-        m, a = sweep_concurrency(target, bench, deadline_at)
+        m, a = sweep_concurrency(target, bench, deadline_at,
+                                 first_level=1 + sum(x["prompt_sets"] for x in arts))
         metrics |= m
         arts.append(a)
     return metrics, arts

@@ -241,3 +241,35 @@ def test_passing_the_incumbent_doubles_towards_the_knee():
     f, calls = counted(queue_curve(20.0))
     max_rate_at_slo(f, SLO, rate_lo=0.5, rate_hi=50, incumbent_rate=4.0)
     assert calls[:3] == [pytest.approx(4.0), pytest.approx(8.0), pytest.approx(16.0)]
+
+
+def test_every_level_on_one_server_sends_prompts_of_its_own(monkeypatch):
+    """A server's radix/prefix cache must not serve a later level from an earlier one: each level
+    of run_load (the rate search's and then the concurrency levels') gets prompts no other level sent."""
+    import tasks.trial_load as trial_load
+    from tasks.load_client import prompt_ids
+    from tasks.types import BenchSpec, LoadSearchSpec, SloSpec
+
+    sent: list[set[tuple[int, ...]]] = []
+
+    def fake_level(target, w, *, slos_ms=None, seed=0, level=0, request_timeout_s=60.0, deadline_s=None):
+        plan = build_requests(w)
+        sent.append({tuple(prompt_ids(target.api, r.prompt_len, seed, i, level)) for i, r in enumerate(plan.requests)})
+        rate = w.arrival.rate_req_s if w.arrival.kind == "poisson" else 1.0
+        ttft = 500.0 * rate  # meets a 2 s p99 TTFT below 4 req/s
+        m = {"ttft_ms_p99": ttft, "tpot_ms_p99": 20.0, "ttft_ms_p50": ttft, "tpot_ms_p50": 20.0, "completed": 4.0,
+             "failed": 0.0, "request_throughput_req_s": rate, "output_throughput_tok_s": 100.0, "itl_ms_p50": 20.0,
+             "goodput_req_s": rate if ttft <= 2000 else 0.0}
+        return m, []
+
+    monkeypatch.setattr(trial_load, "run_level", fake_level)
+    bench = BenchSpec(workload={"num_requests": 4, "arrival": {"kind": "poisson", "rate_req_s": 1.0}, "seed": 0,
+                                "prompt_len": 32, "output_len": 8},
+                      slo=SloSpec(ttft_ms_p99=2000, tpot_ms_p99=50), load_search=LoadSearchSpec(0.5, 16.0, max_levels=4),
+                      concurrency_levels=(1, 4))
+    _, arts = trial_load.run_load("http://127.0.0.1:1", "sglang", bench)
+    assert [a["kind"] for a in arts] == ["load_search", "concurrency"]
+    assert len(sent) == arts[0]["prompt_sets"] + 2 and arts[0]["prompt_sets"] >= 2
+    for i, a in enumerate(sent):
+        for b in sent[i + 1:]:
+            assert not a & b, "a prompt was sent again at a later level"
