@@ -216,6 +216,7 @@ class _Log:
                 cur = form_stage[k]
             stages.append(cur)
         self.stages = stages
+        self.form_stage = form_stage
         self.reached = {s for s in form_stage if s}
         self.candidates = self._candidates()
         #: every distinct line scanned once, in order of first appearance (what requires/unless search)
@@ -331,6 +332,17 @@ def _last_line(lines: list[str], pat: re.Pattern[str] | None = None) -> str:
     return ""
 
 
+def _served_after(log: _Log, i: int) -> bool:
+    """The server served requests after line ``i`` (SGLang's / vLLM's per-batch lines, a request
+    answered), with no fatal event anywhere: a warning at ``i`` (vLLM's shm-broadcast wait while
+    a big model compiles, a kernel falling back) was survived, as a slow but healthy server does."""
+    v = log.view
+    if any(s == FATAL and not _HARNESS.match(v.body(j)) for j, s in enumerate(v.severity)):
+        return False
+    keys = v.keys
+    return any(log.form_stage[keys[j]] == "first_request" for j in range(i + 1, len(keys)))
+
+
 #: Typographic quotes back to ASCII (``File “x.py”`` is a frame, ``KeyError: ‘model.x’`` a key).
 _CURLY = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
 
@@ -356,7 +368,8 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         i = log.row_line(row, exit_code)
         if i is not None and (best is None or _tier(v.severity[i]) > best[0]):
             best = (_tier(v.severity[i]), -n, i, row.failure_class)
-    if best is not None:
+    if best is not None and not (best[0] < ERROR and phase is None and exit_code in (None, 0)
+                                 and _served_after(log, best[2])):
         _, _, i, cls = best
         return _make(cls, lines[i], f"<{cls}>", PHASE_NAMES.get(stages[i], ""))
 

@@ -124,6 +124,18 @@ def test_sglang_retracting_under_kv_pressure_is_serving():
     assert classify(log).healthy
 
 
+def test_a_warning_the_server_served_past_is_healthy():
+    # a kernel warns that it is not supported on this GPU and falls back; requests are then served
+    log = ("(EngineCore_DP0 pid=7) WARNING 01-01 00:00:01 [topk_topp_sampler.py:1] FlashInfer top-p & top-k sampling "
+           "is not supported on this GPU, falling back to the PyTorch-native implementation.\n"
+           "(APIServer pid=1) INFO 01-01 00:00:09 [launcher.py:37] Available routes are:\n"
+           "(APIServer pid=1) INFO:     127.0.0.1:5000 - \"POST /v1/completions HTTP/1.1\" 200 OK\n")
+    assert classify(log).healthy
+    # not when the lifecycle says it failed (an exit code or a phase), nor with no request served
+    assert not classify(log, 1, "bench").healthy
+    assert classify(log.rsplit("(APIServer", 2)[0]).failure_class == "unsupported_arch_kernel"
+
+
 # ------------------------------------------------------------------ message families
 @pytest.mark.parametrize("line, expected", [
     # NCCL misc/socket.cc (2.19+): "socketPollConnect: Connect to %s returned %d(%s) errno %d(%s)"
@@ -169,6 +181,17 @@ def test_sglang_retracting_under_kv_pressure_is_serving():
     # a distributed call timing out, in torch's gloo words
     ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error: gloo barrier timed out",
      "collective_hang_or_timeout"),
+    # NCCL checks.h CUDACHECK, with and without the error number (2.18- / 2.19+)
+    ("gpu1:1:1 [0] init.cc:194 NCCL WARN Cuda failure 'out of memory'", "cuda_oom_runtime"),
+    ("gpu1:1:1 [0] init.cc:194 NCCL WARN Cuda failure 'peer access is not supported between these two devices'",
+     "nccl_init_system_error"),
+    # nccl-tests common.cu NCCLCHECK: "Test NCCL failure %s:%d '%s'"
+    ("gpu1: Test NCCL failure common.cu:891 'unhandled system error (run with NCCL_DEBUG=INFO for details) / '",
+     "nccl_init_system_error"),
+    # NCCL bootstrap.cc / socket.cc: no interface matching NCCL_SOCKET_IFNAME, the pre-2.19 connect wording
+    ("gpu1:1:1 [0] bootstrap.cc:1 NCCL WARN Bootstrap : no socket interface found", "nccl_network_error"),
+    ("gpu1:1:1 [0] misc/socket.cc:1 NCCL WARN Connect to 10.0.0.2<35781> failed : Connection refused",
+     "nccl_network_error"),
 ])
 def test_families_cover_the_wordings_of_engine_messages(line, expected):
     c = classify(line + "\n")
