@@ -10,7 +10,8 @@ quote marker ``> ``.
 :func:`parse_log` strips them (in any nesting) into :attr:`Event.body`, keeps the level and
 the process they name, and ranks each line:
 
-- ``FATAL`` (3): an exception line (``RuntimeError: ...``), a CUDA error, an assert in a kernel,
+- ``FATAL`` (3): an exception line (``RuntimeError: ...``) and pydantic's ``Value error, ...``
+  line under a ``ValidationError`` (the validator's message), a CUDA error, an assert in a kernel,
   ``terminate called``, a fatal glog/NCCL/compiler line, argparse's ``error:``, our harness's
   lines and the kernel's OOM-killer lines;
 - ``ERROR`` (2): an ERROR-level line with text, an ``NCCL WARN`` line;
@@ -73,7 +74,7 @@ _FATAL = re.compile(
     r"\bnvcc fatal|ptxas fatal|Ninja build failed|^FAILED: |^\S+: error: |^error: |"
     r"^\[(?:harness|dmesg)\]|Out of memory: Kill|oom-kill:|^Killed\s*$|NVRM: Xid|"
     r"No available shared memory broadcast block found|has been marked dead|died unexpectedly|"
-    r"\bfatal error\b|^Exception in thread|^Error: ", re.I)
+    r"\bfatal error\b|^Exception in thread|^Error: |^\s*Value error, ", re.I)
 _WARN_BODY = re.compile(r"\b\w*Warning\b:|^\s*warnings\.warn\(")
 _NCCL_LVL = re.compile(r"\bNCCL (?P<lvl>INFO|WARN|ERROR|TRACE)\b")
 _FRAME = re.compile(r"^\s*File \"[^\"]*\", line \d+|^\s*File \"|^\s+\^+\s*$|^\s*\.\.\.\s*$|^\s*\[Previous line repeated")

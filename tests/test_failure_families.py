@@ -192,6 +192,9 @@ def test_a_warning_the_server_served_past_is_healthy():
     ("gpu1:1:1 [0] bootstrap.cc:1 NCCL WARN Bootstrap : no socket interface found", "nccl_network_error"),
     ("gpu1:1:1 [0] misc/socket.cc:1 NCCL WARN Connect to 10.0.0.2<35781> failed : Connection refused",
      "nccl_network_error"),
+    # DeepGEMM's DG_HOST_ASSERT format (csrc/utils/exception.hpp); its kernels exist for SM90 / SM100
+    ("RuntimeError: Assertion error (/build/deep_gemm/csrc/jit_kernels/heuristics/common.hpp:12): "
+     "arch_major == 9 or arch_major == 10", "unsupported_arch_kernel"),
 ])
 def test_families_cover_the_wordings_of_engine_messages(line, expected):
     c = classify(line + "\n")
@@ -246,3 +249,15 @@ def test_a_bad_raised_in_entry_is_named_in_the_error(tmp_path):
     p.write_text(yaml.safe_dump(data))
     with pytest.raises(SignatureTableError, match=r"raised_in\[1\] \(no_such_class\): class is not in kinds"):
         load_tables(p)
+
+
+def test_a_pydantic_value_error_is_the_message_of_its_validation_error():
+    # vLLM's config validators raise through pydantic: the "Value error, ..." line under the
+    # ValidationError is the validator's message and decides like the exception line
+    log = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n"
+           "  Value error, the eagle3 speculative method needs a draft model path [type=value_error, input_value="
+           "ArgsKwargs(()), input_type=ArgsKwargs]\n"
+           "    For further information visit https://errors.pydantic.dev/2.11/v/value_error\n")
+    assert classify(log).failure_class == "spec_decode_config_error"
+    other = log.replace("the eagle3 speculative method needs a draft model path", "max_num_seqs must be positive")
+    assert classify(other).failure_class == "server_args_incompatible"
