@@ -332,15 +332,21 @@ def _last_line(lines: list[str], pat: re.Pattern[str] | None = None) -> str:
     return ""
 
 
-def _served_after(log: _Log, i: int) -> bool:
-    """The server served requests after line ``i`` (SGLang's / vLLM's per-batch lines, a request
-    answered), with no fatal event anywhere: a warning at ``i`` (vLLM's shm-broadcast wait while
-    a big model compiles, a kernel falling back) was survived, as a slow but healthy server does."""
-    v = log.view
-    if any(s == FATAL and not _HARNESS.match(v.body(j)) for j, s in enumerate(v.severity)):
-        return False
-    keys = v.keys
-    return any(log.form_stage[keys[j]] == "first_request" for j in range(i + 1, len(keys)))
+def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
+    """The server served requests (SGLang's / vLLM's per-batch lines, a request answered) after
+    line ``i`` and before the next fatal event (``past_all``: after every fatal event of the log):
+    what line ``i`` reported (vLLM's shm-broadcast wait while a big model compiles, a kernel
+    falling back, one request's error) was survived, as a slow but healthy server does."""
+    v, keys = log.view, log.view.keys
+    start = i
+    if past_all:
+        start = max([i] + [j for j, s in enumerate(v.severity) if s == FATAL and not _HARNESS.match(v.body(j))])
+    for j in range(start + 1, len(keys)):
+        if log.form_stage[keys[j]] == "first_request":
+            return True
+        if v.severity[j] == FATAL and not _HARNESS.match(v.body(j)):
+            return False
+    return False
 
 
 #: Typographic quotes back to ASCII (``File “x.py”`` is a frame, ``KeyError: ‘model.x’`` a key).
@@ -356,6 +362,7 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     # the decisive event: a row matching an error line (ERROR or FATAL) outranks any row
     # matching only a warning or an info line; among those, the table's precedence decides
     best: tuple[int, int, int, str] | None = None  # (severity, -row index, line, class)
+    alone = phase is None and exit_code in (None, 0)
     for n, row in enumerate(SIGNATURES):
         if row.check is not None:
             if best is None and (row.exit_codes is None or exit_code in row.exit_codes):
@@ -366,10 +373,11 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         if not row.patterns:
             continue
         i = log.row_line(row, exit_code)
+        if i is not None and alone and _served_after(log, i, past_all=False):
+            continue  # the server served past it (a log alone: no exit code says otherwise)
         if i is not None and (best is None or _tier(v.severity[i]) > best[0]):
             best = (_tier(v.severity[i]), -n, i, row.failure_class)
-    if best is not None and not (best[0] < ERROR and phase is None and exit_code in (None, 0)
-                                 and _served_after(log, best[2])):
+    if best is not None:
         _, _, i, cls = best
         return _make(cls, lines[i], f"<{cls}>", PHASE_NAMES.get(stages[i], ""))
 
@@ -398,7 +406,9 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     last = next((s for s in reversed(stages) if s), None)
     where = PHASE_NAMES.get(last, "")
     ready = ready and not waited
-    if phase is None and ready and exit_code in (None, 0) and not fatal and not cut_tb:  # reached ready, nothing failed
+    survived = not fatal or _served_after(log, d or 0, past_all=True)
+    if phase is None and ready and exit_code in (None, 0) and not cut_tb and survived:
+        # reached ready, and nothing failed or the server served past what did
         line = next((ln for ln, st in zip(lines, stages) if st in ("ready", "first_request")), "") or \
             next((ln for ln, st in zip(lines, stages) if st == "api_up"), "")
         return Classification(HEALTHY, HEALTHY, "<healthy: reached ready, no failure signature>", line, where)

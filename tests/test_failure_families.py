@@ -136,6 +136,26 @@ def test_a_warning_the_server_served_past_is_healthy():
     assert classify(log.rsplit("(APIServer", 2)[0]).failure_class == "unsupported_arch_kernel"
 
 
+def test_a_server_that_served_past_an_error_is_healthy_and_one_that_died_is_not():
+    served = ('(APIServer pid=1) INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK\n')
+    # vLLM's shm-broadcast wait (shm_broadcast.py) while a big model compiles, then serving
+    slow = ("(EngineCore_DP0 pid=7) INFO 01-01 00:00:01 [backends.py:1] Compiling a graph for dynamic shape\n"
+            "(EngineCore_DP0 pid=7) WARNING 01-01 00:01:01 [shm_broadcast.py:466] No available shared memory broadcast "
+            "block found in 60 second. This typically happens when some processes are hanging.\n"
+            "(APIServer pid=1) INFO 01-01 00:02:00 [launcher.py:37] Available routes are:\n")
+    assert classify(slow + served).healthy
+    assert classify(slow).failure_class == "engine_hang_detected"  # no request served after it
+    # one request's error while the server keeps answering others
+    bad = ("(APIServer pid=1) ERROR 01-01 00:03:00 [serving_chat.py:1] Error in preprocessing prompt inputs\n"
+           "(APIServer pid=1) ValueError: This model's maximum context length is 4096 tokens.\n")
+    assert classify(slow + served + bad + served).healthy
+    # the engine died: what follows are failed requests (500), not serving
+    dead = ("(APIServer pid=1) ERROR 01-01 00:04:00 [async_llm.py:1] AsyncLLM output_handler failed.\n"
+            "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+            '(APIServer pid=1) INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error\n')
+    assert classify(slow + served + dead).failure_class == "server_crash"
+
+
 # ------------------------------------------------------------------ message families
 @pytest.mark.parametrize("line, expected", [
     # NCCL misc/socket.cc (2.19+): "socketPollConnect: Connect to %s returned %d(%s) errno %d(%s)"
@@ -195,6 +215,11 @@ def test_a_warning_the_server_served_past_is_healthy():
     # DeepGEMM's DG_HOST_ASSERT format (csrc/utils/exception.hpp); its kernels exist for SM90 / SM100
     ("RuntimeError: Assertion error (/build/deep_gemm/csrc/jit_kernels/heuristics/common.hpp:12): "
      "arch_major == 9 or arch_major == 10", "unsupported_arch_kernel"),
+    # builds that target another toolchain or no GPU (CUDA runtime error 222; torch's CPU build;
+    # the dispatcher without a CUDA kernel for an operator)
+    ("RuntimeError: CUDA error: the provided PTX was compiled with an unsupported toolchain.", "arch_not_in_build"),
+    ("AssertionError: Torch not compiled with CUDA enabled", "arch_not_in_build"),
+    ("NotImplementedError: Could not run '_C::rms_norm' with arguments from the 'CUDA' backend.", "arch_not_in_build"),
 ])
 def test_families_cover_the_wordings_of_engine_messages(line, expected):
     c = classify(line + "\n")
