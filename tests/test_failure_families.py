@@ -220,6 +220,22 @@ def test_a_server_that_served_past_an_error_is_healthy_and_one_that_died_is_not(
     ("RuntimeError: CUDA error: the provided PTX was compiled with an unsupported toolchain.", "arch_not_in_build"),
     ("AssertionError: Torch not compiled with CUDA enabled", "arch_not_in_build"),
     ("NotImplementedError: Could not run '_C::rms_norm' with arguments from the 'CUDA' backend.", "arch_not_in_build"),
+    # architecture refusals of kernels and backends named by their architecture (vllm
+    # v1/attention/backends/mla/*_sm120.py, triton_attn.py; sglang lora/moe/runner.py)
+    ("ValueError: FLASHINFER_MLA_SPARSE_SM120 does not support alibi_slopes", "unsupported_arch_kernel"),
+    ("RuntimeError: MoE LoRA supports SM90 and SM100 only; this device is sm_120", "unsupported_arch_kernel"),
+    ("ValueError: nvfp4_per_token online quantization requires a Blackwell (SM100) GPU.", "unsupported_arch_kernel"),
+    ("ValueError: bfloat16 KV cache is not supported on Tesla T4 (compute capability 7.5)", "unsupported_arch_kernel"),
+    # a parallel size that does not divide a model dimension (model files of both engines)
+    ("ValueError: num_heads 40 is not divisible by tp_size 16.", "server_args_incompatible"),
+    ("ValueError: Tensor parallel size 16 is greater than the number of KV heads (8)", "server_args_incompatible"),
+    # one flag refusing another (sglang arg_groups hooks)
+    ("ValueError: --enable-kv-cache-sharding does not support --enable-unified-memory: use one", "server_args_incompatible"),
+    # a MoE runner backend refusing the model's quantization or mode (vllm fused_moe/oracle, sglang ep_moe)
+    ("ValueError: moe_backend='cutlass' is not supported for NvFP4 MoE.", "moe_ep_a2a_config_error"),
+    ("NotImplementedError: Unquantized DeepEP MoE currently supports low_latency mode only", "moe_ep_a2a_config_error"),
+    # a model refusing a speculative method (sglang models/*.py)
+    ("ValueError: Qwen4 PLE does not support NGRAM speculation", "spec_decode_config_error"),
 ])
 def test_families_cover_the_wordings_of_engine_messages(line, expected):
     c = classify(line + "\n")
