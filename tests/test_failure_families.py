@@ -236,6 +236,16 @@ def test_a_server_that_served_past_an_error_is_healthy_and_one_that_died_is_not(
     ("NotImplementedError: Unquantized DeepEP MoE currently supports low_latency mode only", "moe_ep_a2a_config_error"),
     # a model refusing a speculative method (sglang models/*.py)
     ("ValueError: Qwen4 PLE does not support NGRAM speculation", "spec_decode_config_error"),
+    # the KV pool sizing of both engines (sglang pool_configurator.py, kv_cache_configurator.py;
+    # vllm v1/core/kv_cache_utils.py), incl. advice that names speculative decoding
+    ("RuntimeError: The SWA pool cap (4096 tokens, 2 GB) leaves no room for the full KV pool within the available "
+     "1 GB. Reduce --max-running-requests", "kv_cache_pool_too_small"),
+    ("ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token. "
+     "Try increasing `gpu_memory_utilization`.", "kv_cache_pool_too_small"),
+    ("RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
+     "max_mamba_cache_size=0", "kv_cache_pool_too_small"),
+    ("ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.8. If using "
+     "speculative decoding, the draft model's weights count too.", "kv_cache_pool_too_small"),
 ])
 def test_families_cover_the_wordings_of_engine_messages(line, expected):
     c = classify(line + "\n")
