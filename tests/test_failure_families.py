@@ -246,6 +246,14 @@ def test_a_server_that_served_past_an_error_is_healthy_and_one_that_died_is_not(
      "max_mamba_cache_size=0", "kv_cache_pool_too_small"),
     ("ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.8. If using "
      "speculative decoding, the draft model's weights count too.", "kv_cache_pool_too_small"),
+    # the model files' own weight loaders (load_weights of both engines' models/*.py)
+    ("ValueError: No model weights found in /models/m (expected model.safetensors or pytorch_model.bin)",
+     "model_weights_error"),
+    ("KeyError: Weight model.layers.3.mlp.w9.weight not found in params_dict", "model_weights_error"),
+    ("RuntimeError: Expert weight shape mismatch for w13: parameter=(8, 64), checkpoint=(8, 32)", "model_weights_error"),
+    # vllm quantization layers: a TP size that splits a quantized weight off its groups
+    ("ValueError: The input size is not aligned with the quantized weight shape. This can be caused by too large "
+     "tensor parallel size.", "server_args_incompatible"),
 ])
 def test_families_cover_the_wordings_of_engine_messages(line, expected):
     c = classify(line + "\n")
