@@ -260,6 +260,15 @@ def test_families_cover_the_wordings_of_engine_messages(line, expected):
     assert c.failure_class == expected, c
 
 
+def test_a_timeout_setting_is_not_a_timeout():
+    # torch / vLLM log their process-group settings at startup; only a timeout that fired counts
+    log = ("(EngineCore_DP0 pid=1) INFO 01-01 00:00:00 [parallel_state.py:1] world_size=2 rank=0 backend=nccl "
+           "init_process_group timeout=0:30:00\n"
+           "(APIServer pid=1) INFO:     127.0.0.1:5000 - \"POST /v1/completions HTTP/1.1\" 200 OK\n")
+    assert classify(log).healthy
+    assert classify(log, None, "bench").failure_class != "collective_hang_or_timeout"
+
+
 def test_a_refusal_in_architecture_words_is_not_a_config_combination():
     c = classify("ValueError: FP8 KV cache is not supported with this GPU architecture (sm_75)\n")
     assert c.failure_class == "unsupported_arch_kernel", c
