@@ -125,15 +125,23 @@ def test_sglang_retracting_under_kv_pressure_is_serving():
 
 
 def test_a_warning_the_server_served_past_is_healthy():
-    # a kernel warns that it is not supported on this GPU and falls back; requests are then served
-    log = ("(EngineCore_DP0 pid=7) WARNING 01-01 00:00:01 [topk_topp_sampler.py:1] FlashInfer top-p & top-k sampling "
-           "is not supported on this GPU, falling back to the PyTorch-native implementation.\n"
+    # a communicator warns that the GPU lacks what it needs (torch_symm_mem.py); requests are then served
+    log = ("(EngineCore_DP0 pid=7) WARNING 01-01 00:00:01 [torch_symm_mem.py:1] torch symmetric memory multicast "
+           "operations are not supported on this device.\n"
            "(APIServer pid=1) INFO 01-01 00:00:09 [launcher.py:37] Available routes are:\n"
            "(APIServer pid=1) INFO:     127.0.0.1:5000 - \"POST /v1/completions HTTP/1.1\" 200 OK\n")
     assert classify(log).healthy
     # not when the lifecycle says it failed (an exit code or a phase), nor with no request served
     assert not classify(log, 1, "bench").healthy
-    assert classify(log.rsplit("(APIServer", 2)[0]).failure_class == "unsupported_arch_kernel"
+    assert classify(log.rsplit("(APIServer", 2)[0]).failure_class == "torch_symm_mem_unsupported"
+
+
+def test_a_kernel_falling_back_is_not_the_failure():
+    # vLLM's sampler warns and falls back (v1/sample/ops/topk_topp_sampler.py); the crash is elsewhere
+    log = ("(EngineCore_DP0 pid=7) WARNING 01-01 00:00:01 [topk_topp_sampler.py:1] FlashInfer top-p & top-k sampling "
+           "is not supported on this GPU, falling back to the PyTorch-native implementation.\n"
+           "(EngineCore_DP0 pid=7) RuntimeError: something the families do not name\n")
+    assert classify(log, 1, "startup").failure_class == "unknown"
 
 
 def test_a_server_that_served_past_an_error_is_healthy_and_one_that_died_is_not():
