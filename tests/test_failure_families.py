@@ -200,6 +200,9 @@ def test_a_server_that_served_past_an_error_is_healthy_and_one_that_died_is_not(
      "returned non-zero exit status 255.", "flashinfer_jit_build_failure"),
     # torch/_dynamo/exc.py
     ("torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised: AssertionError", "flashinfer_jit_build_failure"),
+    # vllm compilation/compiler_interface.py
+    ("RuntimeError: vLLM failed to compile the model. The most likely reason for this is that a previous compilation "
+     "failed, leading to a corrupted compilation artifact.", "flashinfer_jit_build_failure"),
     # huggingface_hub errors.py
     ("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache and outgoing "
      "traffic has been disabled.", "model_load_error"),
