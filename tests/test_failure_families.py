@@ -290,6 +290,11 @@ def test_a_shell_reporting_the_loader_killed_is_the_oom_killer_only_for_a_log_al
            "./serve.sh: line 3: 14875 Killed                  python -m sglang.launch_server --model-path m\n")
     assert classify(log).failure_class == "host_oom_killed"
     assert classify("Loading checkpoint shards:   0%|\nKilled\n").failure_class == "host_oom_killed"
+    # torch elastic reporting its worker SIGKILLed while shards load
+    elastic = ("Loading checkpoint shards:  25%|##5       | 1/4 [00:30<01:30, 30.0s/it]\n"
+               "torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: -9) local_rank: 0 (pid: 77) of "
+               "binary: /usr/bin/python\n")
+    assert classify(elastic).failure_class == "host_oom_killed"
     # with an exit code our harness saw the SIGKILL (its deadline, or the OOM line it appends)
     assert classify(log, -9, "startup").failure_class == "startup_timeout"
     # a shell's Killed while serving is no evidence about host memory
