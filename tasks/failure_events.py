@@ -4,11 +4,14 @@ A line of a real log carries prefixes that say nothing about the failure and hid
 anchored patterns: a container's ``vllm-1  | ``, vLLM's process tag ``(EngineCore_0 pid=12)``
 / ``(VllmWorker TP0 pid=9)`` and its level-time-file header ``ERROR 06-05 06:18:13
 [core.py:470]``, SGLang's ``[2026-01-01 10:00:01 TP3]``, torchrun's ``[rank0]:``, glog's
-``[W1015 22:50:12.358 ProcessGroupNCCL.cpp:1234]`` and NCCL's ``host:pid:tid [dev]``.
+``[W1015 22:50:12.358 ProcessGroupNCCL.cpp:1234]``, NCCL's ``host:pid:tid [dev]``, journald's
+``Aug 17 18:42:18 host vllm[8052]:``, Kubernetes' CRI ``<timestamp> stdout F`` and a reply's
+quote marker ``> ``.
 :func:`parse_log` strips them (in any nesting) into :attr:`Event.body`, keeps the level and
 the process they name, and ranks each line:
 
-- ``FATAL`` (3): an exception line (``RuntimeError: ...``), a CUDA error, an assert in a kernel,
+- ``FATAL`` (3): an exception line (``RuntimeError: ...``) and pydantic's ``Value error, ...``
+  line under a ``ValidationError`` (the validator's message), a CUDA error, an assert in a kernel,
   ``terminate called``, a fatal glog/NCCL/compiler line, argparse's ``error:``, our harness's
   lines and the kernel's OOM-killer lines;
 - ``ERROR`` (2): an ERROR-level line with text, an ``NCCL WARN`` line;
@@ -50,14 +53,20 @@ _RANK = re.compile(r"^\s*\[(?P<proc>rank\d+|default\d+|RANK\s*\d+)\]:\s?")
 _GLOG = re.compile(r"^\s*\[?(?P<lvl>[IWEF])\d{4}\s+\d{2}:\d{2}:\d{2}(?:\.\d+)?\s+(?:\d+\s+)?[\w./<>-]+:\d+\]\s?")
 _NCCL = re.compile(r"^\s*(?P<proc>[\w.-]+:\d+:\d+)\s+\[\d+\]\s?")
 _ISO = re.compile(r"^\s*\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s+")
+#: a GitHub / e-mail quote marker (``> `` before each line of a log quoted in a reply)
+_QUOTE = re.compile(r"^\s*>+(?:\s|$)")
+#: journald / syslog: ``Aug 17 18:42:18 host vllm[8052]: `` (a server run as a systemd unit)
+_SYSLOG = re.compile(r"^\s*[A-Z][a-z]{2}\s+\d{1,2}\s+\d{2}:\d{2}:\d{2}\s+[\w.-]+\s+[\w./@-]+(?:\[\d+\])?:\s?")
+#: Kubernetes' CRI log format after its timestamp: ``stdout F `` / ``stderr P `` (kubectl logs of a node's files)
+_CRI = re.compile(r"^\s*(?:stdout|stderr)\s+[FP]\s")
 _PYLOG = re.compile(r"^\s*(?P<lvl>INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+(?:[\w.]+:)?\s*")
-_PREFIXES = (_PIPE, _PROC, _VLLM_HDR, _VLLM_SHORT, _DASHLOG, _SGLANG, _RANK, _GLOG, _NCCL, _ISO, _PYLOG)
+_PREFIXES = (_QUOTE, _PIPE, _PROC, _VLLM_HDR, _VLLM_SHORT, _DASHLOG, _SGLANG, _RANK, _GLOG, _NCCL, _ISO, _SYSLOG, _CRI, _PYLOG)
 _LEVEL = {"I": INFO, "W": WARN, "E": ERROR, "F": FATAL, "INFO": INFO, "DEBUG": INFO, "WARNING": WARN,
           "WARN": WARN, "ERROR": ERROR, "CRITICAL": FATAL}
 
 _EXC = re.compile(r"^(?:[A-Za-z_][\w]*\.)*(?:(?=[A-Z])\w*(?:Error|Exception|Exit|Interrupt|Failure)|KeyError|AssertionError"
                   r"|OutOfMemoryError|SafetensorError|DistBackendError|DistStoreError|EngineDeadError"
-                  r"|EngineGenerateError|CalledProcessError|ValidationError)\b(?::|\s*$|\s+\d+ validation error)")
+                  r"|EngineGenerateError|CalledProcessError|ValidationError)\b(?:\([\w.]+\))?(?::|\s*$|\s+\d+ validation error)")
 _FATAL = re.compile(
     r"CUDA error:|\bCUDA (?:driver )?error\b|cudaError\w+|device-side assert|Assertion [`'\"].*[`'\"] failed|"
     r"Assertion .* failed|Assertion failed\b|^terminate called|what\(\):|Segmentation fault|Fatal Python error|core dumped|"
@@ -65,12 +74,12 @@ _FATAL = re.compile(
     r"\bnvcc fatal|ptxas fatal|Ninja build failed|^FAILED: |^\S+: error: |^error: |"
     r"^\[(?:harness|dmesg)\]|Out of memory: Kill|oom-kill:|^Killed\s*$|NVRM: Xid|"
     r"No available shared memory broadcast block found|has been marked dead|died unexpectedly|"
-    r"\bfatal error\b|^Exception in thread|^Error: ", re.I)
+    r"\bfatal error\b|^Exception in thread|^Error: |^\s*Value error, ", re.I)
 _WARN_BODY = re.compile(r"\b\w*Warning\b:|^\s*warnings\.warn\(")
 _NCCL_LVL = re.compile(r"\bNCCL (?P<lvl>INFO|WARN|ERROR|TRACE)\b")
 _FRAME = re.compile(r"^\s*File \"[^\"]*\", line \d+|^\s*File \"|^\s+\^+\s*$|^\s*\.\.\.\s*$|^\s*\[Previous line repeated")
 _TB = re.compile(r"Traceback \(most recent call last\)")
-_ERRORISH = re.compile(r"\b(?:error|fail(?:ed|ure)?|fatal|exception|abort(?:ed)?|timed? ?out|refused|denied)\b", re.I)
+ERRORISH = re.compile(r"\b(?:error|fail(?:ed|ure)?|fatal|exception|abort(?:ed)?|timed? ?out|refused|denied)\b", re.I)
 
 
 @dataclass(frozen=True)
@@ -338,7 +347,7 @@ class LogView:
         last = None
         for i in range(len(self.keys) - 1, -1, -1):
             if self.quotable(i):
-                if _ERRORISH.search(self.body(i)):
+                if ERRORISH.search(self.body(i)):
                     return i
                 last = i if last is None else last
         return last

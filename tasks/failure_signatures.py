@@ -1,10 +1,10 @@
 """The failure classifier's tables, loaded from ``failure_signatures.yaml`` and validated.
 
 The YAML beside this module holds the pure data (canonical classes and kinds, the signature
-rows in precedence order, the startup milestones, the signature normalizers and the
-degraded-allreduce lines); :func:`load_tables` compiles every regex and checks every entry,
-so a bad entry fails at import with :class:`SignatureTableError` naming it. The classifier
-itself is ``tasks.failures``.
+rows in precedence order, the startup milestones, the signature normalizers, the
+degraded-allreduce lines and the components a traceback's frames name); :func:`load_tables`
+compiles every regex and checks every entry, so a bad entry fails at import with
+:class:`SignatureTableError` naming it. The classifier itself is ``tasks.failures``.
 """
 
 from __future__ import annotations
@@ -86,6 +86,8 @@ class Tables:
         degraded_paths: (allreduce path, regex) of lines saying the path was turned off.
         added: the classes added to ``../shared/data/failure_classes.md``'s canonical set
             (``added_classes``): class -> {what, sources, knobs, probe, probe_reason}.
+        raised_in: (class, regex, source) of ``raised_in``: the component a traceback's
+            innermost frames name, tried in order when no signature row matched.
     """
 
     kinds: dict[str, str]
@@ -94,6 +96,7 @@ class Tables:
     normalizers: tuple[tuple[re.Pattern[str], str], ...]
     degraded_paths: tuple[tuple[str, re.Pattern[str]], ...]
     added: dict[str, dict[str, Any]]
+    raised_in: tuple[tuple[str, re.Pattern[str], str], ...] = ()
 
 
 def _compile(where: str, pattern: Any, flags: int = 0) -> re.Pattern[str]:
@@ -197,6 +200,20 @@ def _added(data: dict, kinds: dict[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _raised_in(data: dict, kinds: dict[str, str]) -> tuple[tuple[str, re.Pattern[str], str], ...]:
+    out = []
+    for i, e in enumerate(data.get("raised_in") or []):
+        where = f"raised_in[{i}]"
+        if not isinstance(e, dict) or set(e) != {"class", "frames", "source"}:
+            raise SignatureTableError(f"{where}: expected exactly the keys class, frames, source, got {e!r}")
+        if e["class"] not in kinds:
+            raise SignatureTableError(f"{where} ({e['class']}): class is not in kinds")
+        if not isinstance(e["source"], str) or not e["source"].strip():
+            raise SignatureTableError(f"{where} ({e['class']}).source: expected text naming where the path comes from")
+        out.append((str(e["class"]), _compile(f"{where} ({e['class']}).frames", e["frames"]), e["source"]))
+    return tuple(out)
+
+
 def load_tables(path: str | Path = TABLE_PATH) -> Tables:
     """Read and validate the signature tables.
 
@@ -223,7 +240,7 @@ def load_tables(path: str | Path = TABLE_PATH) -> Tables:
     if missing:
         raise SignatureTableError(f"signatures: no row for {sorted(missing)} (every class in kinds needs one)")
     return Tables(kinds, rows, milestones, _normalizers(data), tuple(_pairs(data, "degraded_paths", "path")),
-                  _added(data, kinds))
+                  _added(data, kinds), _raised_in(data, kinds))
 
 
 TABLES = load_tables()

@@ -41,7 +41,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.failure_events import ERROR, FATAL, WARN, LogView
+from tasks.failure_corpus import PARTS
+from tasks.failure_events import ERROR, ERRORISH, FATAL, WARN, LogView
 from tasks.failure_signatures import (
     CHECK_NAMES,
     MAX_LINE_CHARS,
@@ -89,6 +90,12 @@ KIND: dict[str, str] = TABLES.kinds
 SIGNATURES: tuple[Signature, ...] = TABLES.signatures
 #: Startup milestones: the stage of a line, and the progress a startup timeout reached.
 MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = TABLES.milestones
+#: Where a crash was raised: (class, frame regex, source), the ``raised_in`` section of
+#: failure_signatures.yaml, tried on a traceback's innermost frames when no row matched.
+RAISED_IN: tuple[tuple[str, re.Pattern[str], str], ...] = TABLES.raised_in
+#: Innermost ``File "..."`` frames of a traceback that :data:`RAISED_IN` reads: the raising
+#: function, its caller and one more (deeper frames are the engine's generic call path).
+INNERMOST_FRAMES = 3
 #: Class precedence (first match wins), derived from :data:`SIGNATURES`.
 PRECEDENCE: tuple[str, ...] = tuple(dict.fromkeys(s.failure_class for s in SIGNATURES))
 
@@ -210,6 +217,7 @@ class _Log:
                 cur = form_stage[k]
             stages.append(cur)
         self.stages = stages
+        self.form_stage = form_stage
         self.reached = {s for s in form_stage if s}
         self.candidates = self._candidates()
         #: every distinct line scanned once, in order of first appearance (what requires/unless search)
@@ -272,6 +280,47 @@ def _tier(severity: int) -> int:
     return min(severity, ERROR)
 
 
+_FILE_FRAME = re.compile(r'^\s*File "')
+
+
+def _crash_traceback(v: LogView, d: int | None) -> tuple[range, int | None] | None:
+    """The traceback a crash is read from, as (its lines, its exception line or None): the one
+    that ends on the decisive exception line ``d``, else the one the log ends inside (an excerpt
+    cut before its exception line); None when the log shows neither."""
+    if d is not None and v.severity[d] == FATAL and v.tb_start[d] < d:
+        return range(v.tb_start[d], d), d
+    last = next((i for i in range(len(v.lines) - 1, -1, -1) if v.lines[i].strip()), None)
+    if last is not None and (v.frame[last] or _TRACEBACK.search(v.body(last))):
+        return range(v.tb_start[last], last + 1), None
+    return None
+
+
+#: Non-empty lines at the end of a log where an error line without a level (``nvshmem
+#: initialization failed, exiting``) still reads as how the process ended.
+TAIL_ERROR_LINES = 10
+
+
+def _tail_start(v: LogView) -> int:
+    """Index of the first of the last :data:`TAIL_ERROR_LINES` non-empty lines of the log."""
+    seen, i = 0, len(v.lines)
+    while i > 0 and seen < TAIL_ERROR_LINES:
+        i -= 1
+        seen += bool(v.lines[i].strip())
+    return i
+
+
+def _raised_in(v: LogView, frames: range) -> tuple[str, int] | None:
+    """(class, frame line) of the innermost of the last :data:`INNERMOST_FRAMES` ``File`` lines
+    of ``frames`` that a :data:`RAISED_IN` entry names; None when none does."""
+    files = [i for i in frames if _FILE_FRAME.match(v.body(i))][-INNERMOST_FRAMES:]
+    for i in reversed(files):
+        body = v.body(i)
+        for cls, pat, _src in RAISED_IN:
+            if pat.search(body):
+                return cls, i
+    return None
+
+
 def _make(failure_class: str, line: str, fallback_sig: str, phase: str = "") -> Classification:
     sig = normalize_line(line) if line.strip() else fallback_sig
     return Classification(failure_class, KIND[failure_class], sig or fallback_sig, line, phase)
@@ -284,13 +333,37 @@ def _last_line(lines: list[str], pat: re.Pattern[str] | None = None) -> str:
     return ""
 
 
+def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
+    """The server served requests (SGLang's / vLLM's per-batch lines, a request answered) after
+    line ``i`` and before the next fatal event (``past_all``: after every fatal event of the log):
+    what line ``i`` reported (vLLM's shm-broadcast wait while a big model compiles, a kernel
+    falling back, one request's error) was survived, as a slow but healthy server does."""
+    v, keys = log.view, log.view.keys
+    start = i
+    if past_all:
+        start = max([i] + [j for j, s in enumerate(v.severity) if s == FATAL and not _HARNESS.match(v.body(j))])
+    for j in range(start + 1, len(keys)):
+        if log.form_stage[keys[j]] == "first_request":
+            return True
+        if v.severity[j] == FATAL and not _HARNESS.match(v.body(j)):
+            return False
+    return False
+
+
+#: Typographic quotes back to ASCII (``File “x.py”`` is a frame, ``KeyError: ‘model.x’`` a key).
+_CURLY = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
+
+
 def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classification:
     text = log_text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
+    if "\u201c" in text or "\u2018" in text:  # a log pasted through a rich-text editor: its quotes curled
+        text = text.translate(_CURLY)
     log = _Log(text)
     v, lines, stages = log.view, log.view.lines, log.stages
     # the decisive event: a row matching an error line (ERROR or FATAL) outranks any row
     # matching only a warning or an info line; among those, the table's precedence decides
     best: tuple[int, int, int, str] | None = None  # (severity, -row index, line, class)
+    alone = phase is None and exit_code in (None, 0)
     for n, row in enumerate(SIGNATURES):
         if row.check is not None:
             if best is None and (row.exit_codes is None or exit_code in row.exit_codes):
@@ -301,28 +374,50 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         if not row.patterns:
             continue
         i = log.row_line(row, exit_code)
+        if i is not None and alone and _served_after(log, i, past_all=False):
+            continue  # the server served past it (a log alone: no exit code says otherwise)
         if i is not None and (best is None or _tier(v.severity[i]) > best[0]):
             best = (_tier(v.severity[i]), -n, i, row.failure_class)
     if best is not None:
         _, _, i, cls = best
         return _make(cls, lines[i], f"<{cls}>", PHASE_NAMES.get(stages[i], ""))
 
+    d = v.decisive()
+    crash_tb = _crash_traceback(v, d)
+    cut_tb = crash_tb is not None and crash_tb[1] is None  # the log ends inside a traceback
+    if crash_tb is not None:  # no family names the message: the component that raised it may
+        hit = _raised_in(v, crash_tb[0])
+        if hit is not None:
+            cls, i = hit
+            j = crash_tb[1] if crash_tb[1] is not None else i
+            return _make(cls, lines[j], f"<{cls}>", PHASE_NAMES.get(stages[j], ""))
+
     vllm_log = bool(_VLLM_LOG.search(log.text)) and not _SGLANG_LOG.search(log.text)
     # ready: the engine's ready line, requests served, or (vLLM only) its API server up; never
     # when our harness says the server did not become ready
-    ready = ("ready" in log.reached or "first_request" in log.reached or ("api_up" in log.reached and vllm_log)) \
-        and not any(_HARNESS.match(f.body) and _NOT_READY.search(f.body) for f in v.forms)
-    d = v.decisive()
+    ready = ("ready" in log.reached or "first_request" in log.reached or ("api_up" in log.reached and vllm_log))
     decisive = lines[d] if d is not None else ""
     fatal = d is not None and v.severity[d] == FATAL and not _HARNESS.match(v.body(d))
+    waited = any(_HARNESS.match(f.body) and _NOT_READY.search(f.body) for f in v.forms)
+    # what a crash leaves: a fatal event, an excerpt ending inside a traceback, or an engine's
+    # ERROR line (an NCCL WARN alone is not: NCCL warns beside a hang, and its RAS listener warns
+    # while the collective simply waits)
+    crashed = fatal or cut_tb or (d is not None and v.forms[v.keys[d]].component != "nccl" and (
+        v.severity[d] >= ERROR or (ERRORISH.search(v.body(d)) is not None and d >= _tail_start(v))))
     last = next((s for s in reversed(stages) if s), None)
     where = PHASE_NAMES.get(last, "")
-    if phase is None and ready and exit_code in (None, 0) and not fatal:  # reached ready, nothing failed
+    ready = ready and not waited
+    survived = not fatal or _served_after(log, d or 0, past_all=True)
+    if phase is None and ready and exit_code in (None, 0) and not cut_tb and survived:
+        # reached ready, and nothing failed or the server served past what did
         line = next((ln for ln, st in zip(lines, stages) if st in ("ready", "first_request")), "") or \
             next((ln for ln, st in zip(lines, stages) if st == "api_up"), "")
         return Classification(HEALTHY, HEALTHY, "<healthy: reached ready, no failure signature>", line, where)
     if phase is None and exit_code is None:
-        if fatal:  # a log alone, ended by an error nothing names: quote the error, do not guess a timeout
+        # a log alone, ended by an error nothing names: a crash with that error, not a timeout
+        # (a timeout needs evidence of waiting: our harness's deadline line, or a log that just
+        # stops in a startup stage with no error)
+        if fatal or (crashed and not waited):
             return _make("unknown", decisive, "<no log output, exit unknown>", where)
         phase = "startup"  # still running and never ready: it failed at startup
     facts = _Facts(exit_code, phase, bool(_SIGQUIT.search(log.text)), bool(_TRACEBACK.search(log.text)),
@@ -415,8 +510,8 @@ def _corpus_line(entry) -> str:
 
 def _parts_arg(s: str) -> tuple[str, ...]:
     parts = tuple(x.strip() for x in s.split(",") if x.strip())
-    if not parts or set(parts) - {"dev", "test", "test2", "test3"}:
-        raise argparse.ArgumentTypeError(f"{s!r}: expected corpus parts among dev, test, test2, test3 (e.g. dev,test)")
+    if not parts or set(parts) - set(PARTS):
+        raise argparse.ArgumentTypeError(f"{s!r}: expected corpus parts among {', '.join(PARTS)} (e.g. dev,test)")
     return parts
 
 

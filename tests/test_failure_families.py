@@ -1,0 +1,347 @@
+"""The classifier on logs shaped as public threads post them (issue 21): a crash is read from
+where its traceback was raised, an excerpt that ends in an error is a crash and not a timeout,
+and message families cover the wordings of the engines' and libraries' own messages.
+
+Every log line here is written from the message in the source named beside it, not copied from
+a held-out corpus entry.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.failure_events import FATAL, parse_log, strip_prefixes
+from tasks.failures import KIND, classify
+
+TB = "Traceback (most recent call last):\n"
+
+
+def _frame(path: str, fn: str, src: str = "    x = f()") -> str:
+    return f'  File "/usr/lib/python3.12/site-packages/{path}", line 42, in {fn}\n{src}\n'
+
+
+# ------------------------------------------------------------------ where it was raised
+@pytest.mark.parametrize("frames, exc, expected", [
+    # FlashInfer's fused allreduce + RMSNorm (flashinfer/comm/trtllm_ar.py), called by SGLang's
+    # flashinfer_comm_fusion.py: a generic exception raised there is the fusion's
+    (_frame("sglang/srt/layers/flashinfer_comm_fusion.py", "flashinfer_allreduce_residual_rmsnorm")
+     + _frame("flashinfer/comm/trtllm_ar.py", "trtllm_allreduce_fusion"),
+     "RuntimeError: an unexpected status was returned\n", "flashinfer_allreduce_fusion_unsupported_arch"),
+    # vLLM's custom all-reduce (distributed/device_communicators/custom_all_reduce.py)
+    (_frame("vllm/distributed/device_communicators/custom_all_reduce.py", "register_graph_buffers"),
+     "RuntimeError: expected a registered buffer\n", "custom_allreduce_graph_error"),
+    # DeepEP's buffer (deep_ep/buffer.py) under SGLang's token dispatcher
+    (_frame("sglang/srt/layers/moe/token_dispatcher/deepep.py", "dispatch_a")
+     + _frame("deep_ep/buffer.py", "low_latency_dispatch"), "AssertionError\n", "moe_ep_a2a_config_error"),
+    # the weight loader (vllm model_executor/model_loader/weight_utils.py)
+    (_frame("vllm/model_executor/model_loader/weight_utils.py", "safetensors_weights_iterator"),
+     "IndexError: list index out of range\n", "model_weights_error"),
+    # transformers' AutoTokenizer (models/auto/tokenization_auto.py)
+    (_frame("transformers/models/auto/tokenization_auto.py", "from_pretrained"),
+     "TypeError: not a string\n", "model_load_error"),
+    # torch's extension builder (torch/utils/cpp_extension.py), FlashInfer's JIT
+    (_frame("flashinfer/jit/core.py", "build_and_load") + _frame("torch/utils/cpp_extension.py", "_run_ninja_build"),
+     "subprocess.CalledProcessError: Command '['make']' returned non-zero exit status 1.\n",
+     "flashinfer_jit_build_failure"),
+    # vLLM's CUDA-graph capture (v1/worker/gpu_model_runner.py capture_model)
+    (_frame("vllm/v1/worker/gpu_model_runner.py", "capture_model") + _frame("torch/cuda/graphs.py", "capture_end"),
+     "RuntimeError: CUDA error: operation failed\n", "cuda_graph_capture_failed_other"),
+    # a draft model's own forward (sglang srt/models/llama_eagle3.py)
+    (_frame("sglang/srt/models/llama_eagle3.py", "forward", "    h = torch.cat([e, h], dim=-1)"),
+     "RuntimeError: Sizes of tensors must match except in dimension 1\n", "spec_decode_config_error"),
+])
+def test_a_generic_exception_takes_the_class_of_the_component_that_raised_it(frames, exc, expected):
+    log = "[2026-01-01 00:00:01 TP0] Scheduler hit an exception: " + TB + \
+        _frame("sglang/srt/managers/scheduler.py", "run_scheduler_process") + frames + exc
+    c = classify(log)
+    assert (c.failure_class, c.kind) == (expected, KIND[expected]), c
+    assert c.line.strip() == exc.strip()  # the exception is quoted, not a frame
+
+
+def test_an_excerpt_cut_inside_a_traceback_is_read_from_its_innermost_frames():
+    log = ("[2026-01-01 00:00:01 TP0] Scheduler hit an exception: " + TB
+           + _frame("sglang/srt/layers/layernorm.py", "forward_with_allreduce_fusion")
+           + _frame("flashinfer/comm/trtllm_mnnvl_ar.py", "trtllm_mnnvl_fused_allreduce_add_rmsnorm",
+                    "    module.trtllm_mnnvl_allreduce_fusion("))
+    c = classify(log)
+    assert c.failure_class == "flashinfer_allreduce_fusion_unsupported_arch", c
+    assert "trtllm_mnnvl_ar.py" in c.line
+
+
+def test_a_specific_error_under_component_frames_keeps_its_own_class():
+    # a CUDA OOM raised under the weight loader is an OOM, an IMA under the fusion an IMA
+    oom = TB + _frame("vllm/model_executor/model_loader/weight_utils.py", "load") + \
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    assert classify(oom).failure_class == "cuda_oom_runtime"
+    ima = TB + _frame("flashinfer/comm/trtllm_ar.py", "f") + \
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    assert classify(ima).failure_class == "cuda_illegal_memory_access"
+
+
+def test_engine_call_paths_are_not_a_component():
+    # the speculative worker wraps every forward of a speculative server: its frames alone say
+    # nothing about the config
+    log = TB + _frame("sglang/srt/speculative/eagle_worker.py", "forward_batch_generation") + \
+        "RuntimeError: something nobody names\n"
+    assert classify(log).failure_class == "unknown"
+
+
+# ------------------------------------------------------------------ a crash is not a timeout
+@pytest.mark.parametrize("log", [
+    # an excerpt that ends inside a traceback (nothing names the component)
+    "[2026-01-01 00:00:01 TP0] Load weight begin.\n[2026-01-01 00:00:02 TP0] Scheduler hit an exception: " + TB
+    + _frame("sglang/srt/managers/scheduler.py", "__init__"),
+    # vLLM's engine core ERROR line (v1/engine/core.py: logger.exception("EngineCore failed to start."))
+    "(EngineCore_DP0 pid=7) INFO 01-01 00:00:00 [gpu_model_runner.py:1] Starting to load model x...\n"
+    "(EngineCore_DP0 pid=7) ERROR 01-01 00:00:05 [core.py:708] EngineCore failed to start.\n",
+    # an error line without a level at the end (nvshmem host/init/init.cu)
+    "/sgl-workspace/nvshmem/src/host/init/init.cu:nvshmemi_check_state_and_init:1080: nvshmem initialization failed, "
+    "exiting\n",
+])
+def test_an_excerpt_ending_in_an_error_is_a_crash_not_a_timeout(log):
+    c = classify(log)
+    assert c.failure_class == "unknown", c
+    assert c.line.strip()
+
+
+def test_a_timeout_needs_evidence_of_waiting():
+    stuck = "[2026-01-01 00:00:01 TP0] Load weight begin. avail mem=94.10 GB\n"
+    assert classify(stuck).failure_class == "startup_timeout"  # the log just stops while loading
+    err = "(EngineCore_DP0 pid=7) ERROR 01-01 00:00:05 [core.py:1] Waiting for a worker took long.\n"
+    harness = ("[harness] startup deadline exceeded after 600 s: the server never became ready; last progress line: "
+               "Load weight begin.\n")
+    assert classify(stuck + err).failure_class == "unknown"
+    assert classify(stuck + err + harness).failure_class == "startup_timeout"  # our harness waited
+
+
+def test_sglang_retracting_under_kv_pressure_is_serving():
+    # scheduler.py logs a retract while decoding: the server is serving, not starting
+    log = ("[2026-01-01 00:00:01] server_args=ServerArgs(tp_size=2)\n"
+           "[2026-01-01 00:10:00 TP0] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.1 -> 0.2\n")
+    assert classify(log).healthy
+
+
+def test_a_warning_the_server_served_past_is_healthy():
+    # a communicator warns that the GPU lacks what it needs (torch_symm_mem.py); requests are then served
+    log = ("(EngineCore_DP0 pid=7) WARNING 01-01 00:00:01 [torch_symm_mem.py:1] torch symmetric memory multicast "
+           "operations are not supported on this device.\n"
+           "(APIServer pid=1) INFO 01-01 00:00:09 [launcher.py:37] Available routes are:\n"
+           "(APIServer pid=1) INFO:     127.0.0.1:5000 - \"POST /v1/completions HTTP/1.1\" 200 OK\n")
+    assert classify(log).healthy
+    # not when the lifecycle says it failed (an exit code or a phase), nor with no request served
+    assert not classify(log, 1, "bench").healthy
+    assert classify(log.rsplit("(APIServer", 2)[0]).failure_class == "torch_symm_mem_unsupported"
+
+
+def test_a_kernel_falling_back_is_not_the_failure():
+    # vLLM's sampler warns and falls back (v1/sample/ops/topk_topp_sampler.py); the crash is elsewhere
+    log = ("(EngineCore_DP0 pid=7) WARNING 01-01 00:00:01 [topk_topp_sampler.py:1] FlashInfer top-p & top-k sampling "
+           "is not supported on this GPU, falling back to the PyTorch-native implementation.\n"
+           "(EngineCore_DP0 pid=7) RuntimeError: something the families do not name\n")
+    assert classify(log, 1, "startup").failure_class == "unknown"
+
+
+def test_a_server_that_served_past_an_error_is_healthy_and_one_that_died_is_not():
+    served = ('(APIServer pid=1) INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK\n')
+    # vLLM's shm-broadcast wait (shm_broadcast.py) while a big model compiles, then serving
+    slow = ("(EngineCore_DP0 pid=7) INFO 01-01 00:00:01 [backends.py:1] Compiling a graph for dynamic shape\n"
+            "(EngineCore_DP0 pid=7) WARNING 01-01 00:01:01 [shm_broadcast.py:466] No available shared memory broadcast "
+            "block found in 60 second. This typically happens when some processes are hanging.\n"
+            "(APIServer pid=1) INFO 01-01 00:02:00 [launcher.py:37] Available routes are:\n")
+    assert classify(slow + served).healthy
+    assert classify(slow).failure_class == "engine_hang_detected"  # no request served after it
+    # one request's error while the server keeps answering others
+    bad = ("(APIServer pid=1) ERROR 01-01 00:03:00 [serving_chat.py:1] Error in preprocessing prompt inputs\n"
+           "(APIServer pid=1) ValueError: This model's maximum context length is 4096 tokens.\n")
+    assert classify(slow + served + bad + served).healthy
+    # the engine died: what follows are failed requests (500), not serving
+    dead = ("(APIServer pid=1) ERROR 01-01 00:04:00 [async_llm.py:1] AsyncLLM output_handler failed.\n"
+            "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+            '(APIServer pid=1) INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error\n')
+    assert classify(slow + served + dead).failure_class == "server_crash"
+
+
+# ------------------------------------------------------------------ message families
+@pytest.mark.parametrize("line, expected", [
+    # NCCL misc/socket.cc (2.19+): "socketPollConnect: Connect to %s returned %d(%s) errno %d(%s)"
+    ("node1:1:1 [0] misc/socket.cc:533 NCCL WARN socketPollConnect: Connect to 10.0.0.2<40000> returned "
+     "113(No route to host) errno 115(Operation now in progress)", "nccl_network_error"),
+    # vllm config/vllm.py: a quantization method's minimum capability
+    ("ValueError: The quantization method fp8 is not supported for the current GPU. Minimum capability: 89. "
+     "Current capability: 86.", "unsupported_arch_kernel"),
+    # triton runtime/errors.py OutOfResources: a tile tuned for more shared memory than the GPU has
+    ("triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 147456, Hardware limit: 101376. "
+     "Reducing block sizes or `num_stages` may help.", "unsupported_arch_kernel"),
+    # the KV cache has no memory left, in an engine's own words
+    ("RuntimeError: not enough free memory to allocate the KV cache after loading weights", "kv_cache_pool_too_small"),
+    # vllm config/scheduler.py
+    ("ValueError: max_num_batched_tokens (2048) is smaller than max_model_len (8192). This effectively limits the "
+     "maximum sequence length", "server_args_incompatible"),
+    # vllm config/model.py _get_and_verify_max_len
+    ("ValueError: User-specified max_model_len (200000) is greater than the derived max_model_len "
+     "(max_position_embeddings=131072 in model's config.json).", "server_args_incompatible"),
+    # two features refused together (feature-combination checks of both engines)
+    ("RuntimeError: Prefix caching and sliding window are currently not supported.", "server_args_incompatible"),
+    ("ValueError: --enable-dp-attention and --enable-pdmux cannot be used together", "server_args_incompatible"),
+    # a speculative method refused by vLLM's pydantic validator
+    ("  Value error, Model Runner V2 does not yet support: ngram speculative decoding [type=value_error]",
+     "spec_decode_config_error"),
+    ("RuntimeError: speculative_num_draft_tokens must not exceed the draft model's vocab", "spec_decode_config_error"),
+    # an expert-parallel / all-to-all refusal (vllm config/parallel.py, sglang server_args.py)
+    ("ValueError: all2all backend deepep_low_latency requires expert parallel", "moe_ep_a2a_config_error"),
+    # torch/utils/cpp_extension.py
+    ("OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.",
+     "flashinfer_jit_build_failure"),
+    # the ptxas a Triton build runs (triton backends/nvidia/compiler.py make_cubin)
+    ("subprocess.CalledProcessError: Command '['/x/triton/backends/nvidia/bin/ptxas', '--gpu-name=sm_99', 'a.ptx']' "
+     "returned non-zero exit status 255.", "flashinfer_jit_build_failure"),
+    # torch/_dynamo/exc.py
+    ("torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised: AssertionError", "flashinfer_jit_build_failure"),
+    # vllm compilation/compiler_interface.py
+    ("RuntimeError: vLLM failed to compile the model. The most likely reason for this is that a previous compilation "
+     "failed, leading to a corrupted compilation artifact.", "flashinfer_jit_build_failure"),
+    # huggingface_hub errors.py
+    ("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache and outgoing "
+     "traffic has been disabled.", "model_load_error"),
+    # the sticky CUDA kernel faults (CUDA runtime errors 715, 716, 719)
+    ("RuntimeError: CUDA error: an illegal instruction was encountered", "cuda_illegal_memory_access"),
+    ("RuntimeError: CUDA error: unspecified launch failure", "cuda_illegal_memory_access"),
+    # a distributed call timing out, in torch's gloo words
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error: gloo barrier timed out",
+     "collective_hang_or_timeout"),
+    # NCCL checks.h CUDACHECK, with and without the error number (2.18- / 2.19+)
+    ("gpu1:1:1 [0] init.cc:194 NCCL WARN Cuda failure 'out of memory'", "cuda_oom_runtime"),
+    ("gpu1:1:1 [0] init.cc:194 NCCL WARN Cuda failure 'peer access is not supported between these two devices'",
+     "nccl_init_system_error"),
+    # nccl-tests common.cu NCCLCHECK: "Test NCCL failure %s:%d '%s'"
+    ("gpu1: Test NCCL failure common.cu:891 'unhandled system error (run with NCCL_DEBUG=INFO for details) / '",
+     "nccl_init_system_error"),
+    # NCCL bootstrap.cc / socket.cc: no interface matching NCCL_SOCKET_IFNAME, the pre-2.19 connect wording
+    ("gpu1:1:1 [0] bootstrap.cc:1 NCCL WARN Bootstrap : no socket interface found", "nccl_network_error"),
+    ("gpu1:1:1 [0] misc/socket.cc:1 NCCL WARN Connect to 10.0.0.2<35781> failed : Connection refused",
+     "nccl_network_error"),
+    # DeepGEMM's DG_HOST_ASSERT format (csrc/utils/exception.hpp); its kernels exist for SM90 / SM100
+    ("RuntimeError: Assertion error (/build/deep_gemm/csrc/jit_kernels/heuristics/common.hpp:12): "
+     "arch_major == 9 or arch_major == 10", "unsupported_arch_kernel"),
+    # builds that target another toolchain or no GPU (CUDA runtime error 222; torch's CPU build;
+    # the dispatcher without a CUDA kernel for an operator)
+    ("RuntimeError: CUDA error: the provided PTX was compiled with an unsupported toolchain.", "arch_not_in_build"),
+    ("AssertionError: Torch not compiled with CUDA enabled", "arch_not_in_build"),
+    ("NotImplementedError: Could not run '_C::rms_norm' with arguments from the 'CUDA' backend.", "arch_not_in_build"),
+    # architecture refusals of kernels and backends named by their architecture (vllm
+    # v1/attention/backends/mla/*_sm120.py, triton_attn.py; sglang lora/moe/runner.py)
+    ("ValueError: FLASHINFER_MLA_SPARSE_SM120 does not support alibi_slopes", "unsupported_arch_kernel"),
+    ("RuntimeError: MoE LoRA supports SM90 and SM100 only; this device is sm_120", "unsupported_arch_kernel"),
+    ("ValueError: nvfp4_per_token online quantization requires a Blackwell (SM100) GPU.", "unsupported_arch_kernel"),
+    ("ValueError: bfloat16 KV cache is not supported on Tesla T4 (compute capability 7.5)", "unsupported_arch_kernel"),
+    # a parallel size that does not divide a model dimension (model files of both engines)
+    ("ValueError: num_heads 40 is not divisible by tp_size 16.", "server_args_incompatible"),
+    ("ValueError: Tensor parallel size 16 is greater than the number of KV heads (8)", "server_args_incompatible"),
+    # one flag refusing another (sglang arg_groups hooks)
+    ("ValueError: --enable-kv-cache-sharding does not support --enable-unified-memory: use one", "server_args_incompatible"),
+    # a MoE runner backend refusing the model's quantization or mode (vllm fused_moe/oracle, sglang ep_moe)
+    ("ValueError: moe_backend='cutlass' is not supported for NvFP4 MoE.", "moe_ep_a2a_config_error"),
+    ("NotImplementedError: Unquantized DeepEP MoE currently supports low_latency mode only", "moe_ep_a2a_config_error"),
+    # a model refusing a speculative method (sglang models/*.py)
+    ("ValueError: Qwen4 PLE does not support NGRAM speculation", "spec_decode_config_error"),
+    # the KV pool sizing of both engines (sglang pool_configurator.py, kv_cache_configurator.py;
+    # vllm v1/core/kv_cache_utils.py), incl. advice that names speculative decoding
+    ("RuntimeError: The SWA pool cap (4096 tokens, 2 GB) leaves no room for the full KV pool within the available "
+     "1 GB. Reduce --max-running-requests", "kv_cache_pool_too_small"),
+    ("ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token. "
+     "Try increasing `gpu_memory_utilization`.", "kv_cache_pool_too_small"),
+    ("RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
+     "max_mamba_cache_size=0", "kv_cache_pool_too_small"),
+    ("ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.8. If using "
+     "speculative decoding, the draft model's weights count too.", "kv_cache_pool_too_small"),
+    # the model files' own weight loaders (load_weights of both engines' models/*.py)
+    ("ValueError: No model weights found in /models/m (expected model.safetensors or pytorch_model.bin)",
+     "model_weights_error"),
+    ("KeyError: Weight model.layers.3.mlp.w9.weight not found in params_dict", "model_weights_error"),
+    ("RuntimeError: Expert weight shape mismatch for w13: parameter=(8, 64), checkpoint=(8, 32)", "model_weights_error"),
+    # vllm quantization layers: a TP size that splits a quantized weight off its groups
+    ("ValueError: The input size is not aligned with the quantized weight shape. This can be caused by too large "
+     "tensor parallel size.", "server_args_incompatible"),
+])
+def test_families_cover_the_wordings_of_engine_messages(line, expected):
+    c = classify(line + "\n")
+    assert c.failure_class == expected, c
+
+
+def test_a_timeout_setting_is_not_a_timeout():
+    # torch / vLLM log their process-group settings at startup; only a timeout that fired counts
+    log = ("(EngineCore_DP0 pid=1) INFO 01-01 00:00:00 [parallel_state.py:1] world_size=2 rank=0 backend=nccl "
+           "init_process_group timeout=0:30:00\n"
+           "(APIServer pid=1) INFO:     127.0.0.1:5000 - \"POST /v1/completions HTTP/1.1\" 200 OK\n")
+    assert classify(log).healthy
+    assert classify(log, None, "bench").failure_class != "collective_hang_or_timeout"
+
+
+def test_a_refusal_in_architecture_words_is_not_a_config_combination():
+    c = classify("ValueError: FP8 KV cache is not supported with this GPU architecture (sm_75)\n")
+    assert c.failure_class == "unsupported_arch_kernel", c
+
+
+def test_a_shell_reporting_the_loader_killed_is_the_oom_killer_only_for_a_log_alone():
+    log = ("Loading checkpoint shards:  50%|#####     | 4/8 [00:12<00:12,  3.0s/it]\n"
+           "./serve.sh: line 3: 14875 Killed                  python -m sglang.launch_server --model-path m\n")
+    assert classify(log).failure_class == "host_oom_killed"
+    assert classify("Loading checkpoint shards:   0%|\nKilled\n").failure_class == "host_oom_killed"
+    # torch elastic reporting its worker SIGKILLed while shards load
+    elastic = ("Loading checkpoint shards:  25%|##5       | 1/4 [00:30<01:30, 30.0s/it]\n"
+               "torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: -9) local_rank: 0 (pid: 77) of "
+               "binary: /usr/bin/python\n")
+    assert classify(elastic).failure_class == "host_oom_killed"
+    # with an exit code our harness saw the SIGKILL (its deadline, or the OOM line it appends)
+    assert classify(log, -9, "startup").failure_class == "startup_timeout"
+    # a shell's Killed while serving is no evidence about host memory
+    assert classify("Decode batch. #running-req: 3\nKilled\n").failure_class != "host_oom_killed"
+
+
+# ------------------------------------------------------------------ how public logs are pasted
+@pytest.mark.parametrize("raw, body", [
+    ("Aug 17 18:42:18 gpu-box vllm[8052]: (APIServer pid=8052) ERROR 08-17 18:42:18 [core.py:1] boom", "boom"),
+    ("2026-01-01T10:00:00.123456789Z stderr F ValueError: bad", "ValueError: bad"),
+    ("> [rank0]: RuntimeError: NCCL error", "RuntimeError: NCCL error"),
+])
+def test_prefixes_of_pasted_logs_are_stripped(raw, body):
+    assert strip_prefixes(raw)[0] == body
+
+
+def test_curly_quotes_and_ray_wrapped_exceptions_read_as_frames_and_exceptions():
+    log = ("Traceback (most recent call last):\n"
+           "  File \u201c/x/vllm/model_executor/model_loader/weight_utils.py\u201d, line 3, in load\n"
+           "KeyError: \u2018model.layers.0.mlp.gate.weight_scale\u2019\n")
+    assert classify(log).failure_class == "model_weights_error"
+    ev = parse_log(["ray.exceptions.RayTaskError(ValueError): ray::RayWorkerWrapper.execute_method() (pid=1)"])
+    assert ev[0].severity == FATAL
+
+
+def test_a_bad_raised_in_entry_is_named_in_the_error(tmp_path):
+    from tasks.failure_signatures import TABLE_PATH, SignatureTableError, load_tables
+
+    data = yaml.safe_load(Path(TABLE_PATH).read_text())
+    data["raised_in"][1]["frames"] = "(unclosed"
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(SignatureTableError, match=r"raised_in\[1\] \(custom_allreduce_graph_error\)\.frames: bad regex"):
+        load_tables(p)
+    data["raised_in"][1] = {"class": "no_such_class", "frames": "x", "source": "y"}
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(SignatureTableError, match=r"raised_in\[1\] \(no_such_class\): class is not in kinds"):
+        load_tables(p)
+
+
+def test_a_pydantic_value_error_is_the_message_of_its_validation_error():
+    # vLLM's config validators raise through pydantic: the "Value error, ..." line under the
+    # ValidationError is the validator's message and decides like the exception line
+    log = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n"
+           "  Value error, the eagle3 speculative method needs a draft model path [type=value_error, input_value="
+           "ArgsKwargs(()), input_type=ArgsKwargs]\n"
+           "    For further information visit https://errors.pydantic.dev/2.11/v/value_error\n")
+    assert classify(log).failure_class == "spec_decode_config_error"
+    other = log.replace("the eagle3 speculative method needs a draft model path", "max_num_seqs must be positive")
+    assert classify(other).failure_class == "server_args_incompatible"
