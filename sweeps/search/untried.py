@@ -41,10 +41,11 @@ TAKEN_STATUSES = ("ok", "failed", "skipped", "infeasible")
 
 def taken_keys(study: optuna.Study, running: list[Mapping[str, Any]]) -> set[str]:
     """Config keys not to propose again: finished trials measured or known dead (ok, failed,
-    skipped, infeasible; not an infra error), configs in flight (``running``) and queued trials."""
+    skipped, infeasible; not an infra error, not a re-question's passed probe: it measured
+    nothing), configs in flight (``running``) and queued trials."""
     keys = {trial_records.config_key(dict(p)) for p in running}
     for r in trial_records.load_records(study):
-        if r.status in TAKEN_STATUSES and r.state not in ("RUNNING", "WAITING"):
+        if r.status in TAKEN_STATUSES and r.state not in ("RUNNING", "WAITING") and not gates.probe_only(r.status, r.probe):
             keys.add(trial_records.config_key(r.params))
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         keys.add(trial_records.config_key(dict(t.system_attrs.get("fixed_params") or t.params)))
