@@ -182,3 +182,12 @@ def test_one_study_retires_the_dead_end_that_no_longer_reproduces_and_strengthen
     line = next(x for x in doc.splitlines() if x.startswith("- `nccl_algo=Tree`"))
     assert f"dead end no longer reproduces: rule {tree0.id}, nccl_algo_tree_no_allgather" in line
     assert f"trial {by_rule[tree0.id][0]}'s probe" in line
+
+    # once per study: either study resumed re-questions nothing again (the first one's rules were
+    # learned by its own re-questions of shipped entries)
+    for drv_spec, name in ((first.spec, first.study_name), (spec, "campaign-after-firmware")):
+        again = InProcessDriver(drv_spec, name)
+        again.setup()
+        waiting = [t for t in again.study.get_trials() if t.state.name == "WAITING" and t.user_attrs.get("requestion")]
+        assert waiting == [], name
+        again.release()

@@ -147,7 +147,7 @@ def _level_share(spec: SweepSpec, knob: str, value: Any) -> Any:
 
 
 def requestion_configs(spec: SweepSpec, rules: RuleStore, fingerprint: Mapping[str, Any],
-                       study: optuna.Study) -> list[tuple[dict[str, Any], dict[str, list[Any]]]]:
+                       study: optuna.Study, study_name: str | None = None) -> list[tuple[dict[str, Any], dict[str, list[Any]]]]:
     """The re-question trials a study launches once: ``(config, {"rules": ids, "entries": ids})``
     per whole level a piece of knowledge excludes.
 
@@ -160,7 +160,8 @@ def requestion_configs(spec: SweepSpec, rules: RuleStore, fingerprint: Mapping[s
 
     The config is the baseline with that level (conditional knobs switched on take their first
     level, as the level seeds); knowledge of the same level shares it. Nothing already asked in
-    ``study`` is asked again (a resumed sweep re-questions nothing twice).
+    ``study`` is asked again, nor a rule with evidence from this study (``study_name``, default
+    ``spec.study``): a resumed sweep re-questions nothing twice.
 
     Returns:
         In rule-id, then entry order; [] without a fingerprint.
@@ -189,9 +190,11 @@ def requestion_configs(spec: SweepSpec, rules: RuleStore, fingerprint: Mapping[s
             by_level[key] = (cfg, {"rules": [], "entries": []})
         by_level[key][1][kind].append(ident)
 
+    name = study_name or spec.study
     for r in rules.rules_for_fingerprint(fingerprint):  # [] for a fingerprint without its keys
         if r.id in asked_rules or len(r.knobs) != 1 or (r.model is not None and r.model != spec.model.name) \
-                or (r.scope_sweep is not None and r.scope_sweep != spec.study):
+                or (r.scope_sweep is not None and r.scope_sweep != name) \
+                or any(e.get("sweep") == name for e in r.evidence):
             continue
         (knob, value), = r.knobs.items()
         add(knob, value, "rules", r.id)
@@ -205,9 +208,10 @@ def requestion_configs(spec: SweepSpec, rules: RuleStore, fingerprint: Mapping[s
     return list(by_level.values())
 
 
-def enqueue_requestions(spec: SweepSpec, rules: RuleStore, fingerprint: Mapping[str, Any], study: optuna.Study) -> int:
+def enqueue_requestions(spec: SweepSpec, rules: RuleStore, fingerprint: Mapping[str, Any], study: optuna.Study,
+                        study_name: str | None = None) -> int:
     """Enqueue :func:`requestion_configs`' trials (user attr ``requestion``); how many."""
-    todo = requestion_configs(spec, rules, fingerprint, study)
+    todo = requestion_configs(spec, rules, fingerprint, study, study_name)
     for cfg, what in todo:
         attrs = {A_REQUESTION: what}
         study.enqueue_trial(cfg, user_attrs={**attrs, "enqueue_attrs": attrs})

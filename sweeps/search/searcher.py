@@ -92,7 +92,7 @@ class Searcher:
         of the node's knowledge (:func:`sweeps.search.probes.enqueue_requestions`)."""
         if self.gated and self.spec.sweep.mode == "search":
             with best_effort("enqueue the re-question probes"):
-                n = enqueue_requestions(self.spec, self.rules, self.fingerprint, self.study)
+                n = enqueue_requestions(self.spec, self.rules, self.fingerprint, self.study, self.study_name)
                 if n:
                     log.info("re-questioning %d level(s) the node's knowledge excludes: one probe each", n)
 
