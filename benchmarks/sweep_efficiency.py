@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/sweep_efficiency.py            # every landscape, 11 seeds, writes benchmarks/results/
     .venv/bin/python benchmarks/sweep_efficiency.py --landscapes campaign,stale --seeds 3   # quicker look
     .venv/bin/python benchmarks/sweep_efficiency.py --space goodput_slo --node rtx_pro_6000x8   # one custom landscape
+    .venv/bin/python benchmarks/sweep_efficiency.py --landscapes stale --set sweep.approaches=null   # an override
 
 A landscape is a sweep (``conf/sweep/`` or ``benchmarks/landscapes/sweep/``) on a node
 (``conf/node/`` or ``benchmarks/landscapes/node/``); :data:`LANDSCAPES` lists the ones run by
@@ -557,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--space", default=None, help="one custom landscape: this sweep (conf/sweep/ or "
                     "benchmarks/landscapes/sweep/) instead of --landscapes")
     ap.add_argument("--node", default=None, help="one custom landscape's node (conf/node/ or benchmarks/landscapes/node/)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra Hydra override for every landscape (repeatable), e.g. sweep.approaches=null to "
+                    "measure servesweep without the approach quota")
     ap.add_argument("--target", type=float, default=0.98, help="fraction of the best achievable objective")
     ap.add_argument("--cap-trials", type=int, default=300, help="launches per run before it is censored")
     ap.add_argument("--max-asks", type=int, default=3000)
@@ -574,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"--landscapes: unknown {unknown}; choose from {', '.join(LANDSCAPES)}")
         chosen = {n: LANDSCAPES[n] for n in a.landscapes.split(",")}
+    chosen = {n: (sw, [*extra, *a.overrides]) for n, (sw, extra) in chosen.items()}
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     import logging
     logging.getLogger("servesweep").setLevel(logging.ERROR)

@@ -77,8 +77,10 @@ def _campaign_driver(tmp_path, trials: int, extra: tuple[str, ...] = ()) -> InPr
     return drv
 
 
-def test_seed_dead_ends_end_at_their_probe_and_a_pass_launches_in_full(tmp_path):
-    # nccl_algo seeded level by level too, so one seed's probe passes (Ring): the 8 seeds
+def test_known_dead_end_seeds_are_re_questioned_by_a_probe_and_a_pass_launches_in_full(tmp_path):
+    # nccl_algo seeded level by level too, so one seed's probe passes (Ring). The seeds a shipped
+    # entry names (fusion, symm-mem, Tree, FlashInfer all-to-all) are not launched as seeds: each
+    # level gets its re-question probe instead, which fails here and ends the trial
     drv = _campaign_driver(tmp_path, 8, ("sweep.seed_each_level_of=[allreduce,nccl_algo,moe_a2a_backend]",))
     trials = {t.number: t for t in drv.study.get_trials()}
     recs = {r.number: r for r in records.load_records(drv.study)}
@@ -89,10 +91,13 @@ def test_seed_dead_ends_end_at_their_probe_and_a_pass_launches_in_full(tmp_path)
         "flashinfer_allreduce_fusion_unsupported_arch", "torch_symm_mem_unsupported",
         "nccl_env_algo_proto_invalid", "moe_ep_a2a_config_error"}
     for n, p in dead.items():
-        assert p["result"] == "failed" and p["reason"].startswith("shipped knowledge: ")
+        assert p["result"] == "failed" and p["reason"].startswith("re-question: ")
         assert recs[n].timings["gpu_s"] == pytest.approx(p["gpu_s"])  # the trial cost its probe only
         rule = drv.rules.match(drv.fingerprint, drv.spec.model.name, recs[n].params, record_hit=False)
         assert rule is not None and any(e.get("probe") and e["trial_number"] == n for e in rule.evidence)
+        assert rule.origin == "shipped" and rule.evidence[0]["shipped"] == p["requestion"]["entries"]
+    # each known dead end was launched once, by its re-question, never as a seed as well
+    assert sorted(str(recs[n].params) for n in dead) == sorted({str(recs[n].params) for n in dead})
     ring = next(n for n, r in recs.items() if r.params.get("nccl_algo") == "Ring")
     p = trials[ring].user_attrs["probe"]
     assert p["result"] == "ok" and not p["dead_end"] and p["reason"] == "first launch of nccl_algo=Ring"
@@ -124,3 +129,65 @@ def test_a_typo_in_extra_args_makes_no_probed_config_a_dead_end(tmp_path):
     probed = [t.user_attrs["probe"] for t in drv.study.get_trials() if t.user_attrs.get("probe")]
     assert probed and all(p["failure_class"] == "cli_arg_error" for p in probed), probed
     assert [r for r in drv.rules.list() if r.failure_class == "cli_arg_error"] == []
+
+
+def test_one_study_retires_the_dead_end_that_no_longer_reproduces_and_strengthens_the_one_that_does(tmp_path):
+    """Stale knowledge under an unchanged fingerprint: a first study on the campaign node learns the
+    shipped dead ends as rules (each from its re-question probe). The node then gains a Tree
+    AllGather (capabilities change, fingerprint does not, as in benchmarks' bench_stale). The next
+    study re-questions every rule once, for a probe each: Tree's probe passes and retires its rule
+    (and clears its shipped entry); FlashInfer fusion's fails again and strengthens its rule."""
+    first = _campaign_driver(tmp_path, 7)
+    rules = {str(r.knobs): r for r in first.rules.list()}
+    tree0, fusion0 = rules[str({"nccl_algo": "Tree"})], rules[str({"allreduce": "flashinfer_fusion"})]
+    assert tree0.origin == fusion0.origin == "shipped" and tree0.retired_at is None
+    first.release()
+
+    store = tmp_path / "store"
+    spec = load_spec(compose_cfg([*CAMPAIGN, "sweep.budget.trials=7", f"tracking.store_dir={store}",
+                                  f"tracking.findings_dir={store / 'findings'}",
+                                  "node.emulator.capabilities.nccl_tree_supports_allgather=true",
+                                  "sweep.serving_check=false"]))
+    second = InProcessDriver(spec, "campaign-after-firmware", findings=True)
+    second.setup()
+    assert second.fingerprint == first.fingerprint  # the change is invisible to the fingerprint
+    second.loop()
+    trials = second.study.get_trials()
+    asked = {t.number: t.user_attrs["probe"] for t in trials if (t.user_attrs.get("probe") or {}).get("requestion")}
+    by_rule = {rid: (n, p) for n, p in asked.items() for rid in p["requestion"]["rules"]}
+    assert set(by_rule) == {r.id for r in first.rules.list()}  # every rule questioned once
+
+    n, p = by_rule[tree0.id]
+    tree = second.rules.get(tree0.id)
+    assert p["result"] == "ok" and not p["dead_end"]
+    assert tree.retired_at is not None and tree.retired_evidence["trial_number"] == n
+    assert tree.retired_evidence["sweep"] == "campaign-after-firmware" and tree.retired_evidence["gpu_s"] > 0
+    assert p["finding"].startswith(f"dead end no longer reproduces: rule {tree0.id}")
+    assert "nccl_algo_tree_no_allgather" in probes.cleared_entries(second.rules, second.fingerprint)
+    rec = next(r for r in records.load_records(second.study) if r.number == n)
+    assert rec.timings["gpu_s"] == pytest.approx(p["gpu_s"])  # the re-question cost its probe only
+    tree_cfg = {**BASE, "nccl_algo": "Tree"}
+    assert second.rules.match(second.fingerprint, spec.model.name, tree_cfg, record_hit=False) is None
+
+    n, p = by_rule[fusion0.id]
+    fusion = second.rules.get(fusion0.id)
+    assert p["result"] == "failed" and p["dead_end"] and fusion.retired_at is None
+    assert len(fusion.evidence) == len(fusion0.evidence) + 1 and fusion.evidence[-1]["trial_number"] == n
+    assert fusion.last_confirmed >= fusion0.last_confirmed
+    assert set(fusion.studies) == {first.study_name, "campaign-after-firmware"}
+    assert "flashinfer_fusion_jit_gate_sm12x" not in probes.cleared_entries(second.rules, second.fingerprint)
+
+    second.finish()  # the findings name the level the probe re-opened, with the probe's evidence
+    doc = "\n".join(f.read_text() for f in (store / "findings").glob("*.md"))
+    line = next(x for x in doc.splitlines() if x.startswith("- `nccl_algo=Tree`"))
+    assert f"dead end no longer reproduces: rule {tree0.id}, nccl_algo_tree_no_allgather" in line
+    assert f"trial {by_rule[tree0.id][0]}'s probe" in line
+
+    # once per study: either study resumed re-questions nothing again (the first one's rules were
+    # learned by its own re-questions of shipped entries)
+    for drv_spec, name in ((first.spec, first.study_name), (spec, "campaign-after-firmware")):
+        again = InProcessDriver(drv_spec, name)
+        again.setup()
+        waiting = [t for t in again.study.get_trials() if t.state.name == "WAITING" and t.user_attrs.get("requestion")]
+        assert waiting == [], name
+        again.release()

@@ -86,6 +86,33 @@ def test_draw_takes_the_untried_config_nearest_the_proposal():
     assert got is not None and distance(got, proposal) == 2
 
 
+def test_equally_near_the_draw_adds_the_level_that_won_elsewhere_first():
+    """The far landscape's move: the incumbent won with a=2 (b=1), another trial showed b=3 is
+    the best b; among the incumbent's untried neighbours the one adding b=3 comes first on every
+    seed, where the seeded order alone picks other neighbours too."""
+    from sweeps.config.objective import ObjectiveSet
+    from sweeps.search.untried import level_scores
+
+    space = parse_space({"a": {"type": "categorical", "choices": [1, 2, 3]},
+                         "b": {"type": "categorical", "choices": [1, 2, 3]}}, [])
+    objs = ObjectiveSet.from_config("decode_tok_s", "maximize")
+
+    def rec(n, a, b, v):
+        return records.TrialRecord(n, "COMPLETE", {"a": a, "b": b}, "ok", {"decode_tok_s": v})
+    recs = [rec(0, 1, 1, 80.0), rec(1, 2, 1, 100.0), rec(2, 1, 3, 95.0), rec(3, 1, 2, 70.0)]
+    scores = level_scores(recs, objs)
+    assert scores[0][("b", "3")] == 95.0 and scores[0][("a", "2")] == 100.0 and scores[1] == 87.5
+    incumbent = {"a": 2, "b": 1}
+    taken = {records.config_key(r.params) for r in recs}
+    picks = {records.config_key(d) for s in range(8)
+             if (d := UntriedDraw(space, seed=s).draw(taken, lambda c: True, near=incumbent, scores=scores)) is not None}
+    assert picks == {records.config_key({"a": 2, "b": 3})}
+    # without scores the same seeds pick other neighbours too (the test can tell the difference)
+    plain = {records.config_key(d) for s in range(8)
+             if (d := UntriedDraw(space, seed=s).draw(taken, lambda c: True, near=incumbent, scores=({}, 0.0))) is not None}
+    assert len(plain) > 1
+
+
 def test_draw_rejection_samples_a_continuous_space():
     space = parse_space({"x": {"type": "float", "low": 0.0, "high": 1.0}, "k": {"type": "categorical", "choices": ["a"]}},
                         [{"name": "upper", "expr": "x > 0.5"}])

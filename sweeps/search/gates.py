@@ -50,6 +50,13 @@ class Skip:
     source: FrozenTrial | None = None
 
 
+def probe_only(status: str, probe: Mapping[str, Any] | None) -> bool:
+    """A re-question trial whose probe passed (:mod:`sweeps.search.probes`; not one that saw its
+    allreduce level silently fall back): it started the config but measured nothing, so the
+    config is neither a duplicate source, nor taken, nor a silently degraded level."""
+    return status == Status.OK and bool((probe or {}).get("requestion")) and not (probe or {}).get("dead_end")
+
+
 def infeasible(space: SearchSpace, params: Mapping[str, Any]) -> Skip | None:
     """A config that violates a constraint of the space (status ``infeasible``)."""
     violated = space.violated(dict(params))
@@ -67,7 +74,8 @@ def duplicate(study: optuna.Study, number: int, key: str, running: Iterable[tupl
     dup: int | None = None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         if t.number != number and t.user_attrs.get(A_CONFIG_KEY) == key and t.user_attrs.get(A_DUPLICATE_OF) is None \
-                and t.user_attrs.get(A_STATUS) in (Status.OK, Status.FAILED, Status.SKIPPED):
+                and t.user_attrs.get(A_STATUS) in (Status.OK, Status.FAILED, Status.SKIPPED) \
+                and not probe_only(t.user_attrs.get(A_STATUS), t.user_attrs.get(trial_records.A_PROBE)):
             dup = t.number
             break
     if dup is None:
@@ -96,7 +104,7 @@ def degraded_levels(records: Iterable[trial_records.TrialRecord]) -> dict[Any, i
     for r in records:
         level = r.params.get("allreduce")
         if (level not in (None, "nccl") and level not in out and r.status == Status.OK and not trial_records.counts_for_level(r)
-                and r.duplicate_of is None and r.skipped_by_rule is None):
+                and r.duplicate_of is None and r.skipped_by_rule is None and not probe_only(r.status, r.probe)):
             out[level] = r.number
     return out
 

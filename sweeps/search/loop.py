@@ -30,6 +30,7 @@ from sweeps.run.runner import InFlight, Runner
 from sweeps.run.stores import prepare as prepare_stores
 from sweeps.search import gates
 from sweeps.search.interfaces import SweepPublisher
+from sweeps.search.probes import A_REQUESTION
 from sweeps.search.searcher import Proposal, Searcher
 from sweeps.search.untried import EXHAUSTED
 from sweeps.store import records
@@ -222,7 +223,7 @@ class SweepLoop:
         # interrupted trials (Ctrl-C, a killed driver) are re-queued: they do not spend the budget
         self.launched = sum(1 for r in records.load_records(study)
                             if r.launched and r.state != "RUNNING" and r.status != "interrupted")
-        study_store.enqueue_seeds(study, self.spec, self.space)
+        study_store.enqueue_seeds(study, self.spec, self.space, self.searcher.known_dead_end)
         self.searcher.prepare()
 
     def _node_fingerprint(self, executor: Executor) -> dict[str, str]:
@@ -326,7 +327,8 @@ class SweepLoop:
             backend=self.spec.backend.kind, gpus=self.spec.gpus_per_trial, bench=searcher.bench(),
             timeouts=self.spec.timeouts(), container_name=self.spec.backend.container_name, expected_paths=expected,
         )
-        self._submit(trial, params, searcher.first_launch(trial.number, params, tspec), attempt=1)
+        self._submit(trial, params, searcher.first_launch(trial.number, params, tspec,
+                                                          trial.user_attrs.get(A_REQUESTION)), attempt=1)
 
     def _submit(self, trial: optuna.trial.Trial, params: dict[str, Any], tspec: TrialSpec, attempt: int) -> None:
         key = f"{self.study_name}/{trial.number}/{attempt}/{int(tspec.probe)}"

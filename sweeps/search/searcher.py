@@ -35,7 +35,7 @@ from sweeps.run.ownership import write_unless_finished
 from sweeps.run.runner import InFlight
 from sweeps.search import gates, load_objective
 from sweeps.search.coverage import Coverage, pin, waiting
-from sweeps.search.probes import ProbePlanner, ProbeStep
+from sweeps.search.probes import A_REQUESTION, ProbePlanner, ProbeStep, enqueue_requestions
 from sweeps.search.queue_order import pop_priority
 from sweeps.search.untried import UntriedDraw, allowed_by_knowledge, redirect
 from sweeps.store import records
@@ -88,7 +88,24 @@ class Searcher:
         self.coverage: Coverage | None = Coverage(ap, self.space) if ap is not None else None
 
     def prepare(self) -> None:
-        """Called once by the loop's setup after the seeds are enqueued (nothing for a sweep)."""
+        """Called once by the loop's setup after the seeds are enqueued: the re-question probes
+        of the node's knowledge (:func:`sweeps.search.probes.enqueue_requestions`)."""
+        if self.gated and self.spec.sweep.mode == "search":
+            with best_effort("enqueue the re-question probes"):
+                n = enqueue_requestions(self.spec, self.rules, self.fingerprint, self.study, self.study_name)
+                if n:
+                    log.info("re-questioning %d level(s) the node's knowledge excludes: one probe each", n)
+
+    def known_dead_end(self, params: Mapping[str, Any]) -> bool:
+        """True when the node's knowledge names ``params`` a dead end: a shipped entry not cleared
+        on this fingerprint, or an active learned rule (no hit is counted). Such a seed is not
+        launched (:func:`sweeps.store.study.enqueue_seeds`): the re-question probe covers it."""
+        if not self.gated or not self.fingerprint:
+            return False
+        if self.probes.knowledge_hits(self.fingerprint, params):
+            return True
+        return self.rules.match(self.fingerprint, self.spec.model.name, dict(params), sweep=self.study_name,
+                                record_hit=False) is not None
 
     # ---- ask -> gates ---------------------------------------------------------------
     def ask(self) -> tuple[optuna.trial.Trial, dict[str, Any]] | None:
@@ -124,13 +141,16 @@ class Searcher:
         return Proposal(trial, params, self.gate(trial, params, key, running))
 
     def gate(self, trial: optuna.trial.Trial, params: dict[str, Any], key: str, running: Running) -> gates.Skip | None:
-        """The first gate that answers ``params`` without GPU time, or None (launch it)."""
+        """The first gate that answers ``params`` without GPU time, or None (launch it). A
+        re-question trial passes the rule gate: it is there to question the rule."""
         if not self.gated:
             return None
+        requestion = bool(trial.user_attrs.get(A_REQUESTION))
         return (gates.infeasible(self.space, params)
                 or gates.duplicate(self.study, trial.number, key, running)
                 or gates.degraded(records.load_records(self.study), params)
-                or gates.rule(self.rules, self.fingerprint, self.spec.model.name, params, self.study_name))
+                or (None if requestion else
+                    gates.rule(self.rules, self.fingerprint, self.spec.model.name, params, self.study_name)))
 
     def answer(self, trial: optuna.trial.Trial, skip: gates.Skip, running: Running) -> bool:
         """Store a gated proposal's facts, tell Optuna (no GPU time spent) and enqueue an
@@ -153,11 +173,13 @@ class Searcher:
         """The bench of the next launch (:func:`sweeps.search.load_objective.trial_bench`)."""
         return load_objective.trial_bench(self.spec, self.study, self.objectives)
 
-    def first_launch(self, number: int, params: dict[str, Any], tspec: TrialSpec) -> TrialSpec:
-        """What trial ``number`` launches first: a probe of ``tspec`` or ``tspec`` itself."""
+    def first_launch(self, number: int, params: dict[str, Any], tspec: TrialSpec,
+                     requestion: Mapping[str, Any] | None = None) -> TrialSpec:
+        """What trial ``number`` launches first: a probe of ``tspec`` or ``tspec`` itself
+        (``requestion``: the trial's re-question attr; its probe is the whole trial)."""
         if not self.gated:
             return tspec
-        return self.probes.first(self.fingerprint, number, params, tspec)
+        return self.probes.first(self.fingerprint, number, params, tspec, requestion)
 
     def note_fingerprint(self, res: TrialResult) -> None:
         """A result without a usable fingerprint gets the node's; the first one reported becomes the node's."""
@@ -171,7 +193,7 @@ class Searcher:
         failure rule learned when it revealed a dead end."""
         step = self.probes.outcome(f, res, self.fingerprint, retry)
         if step.learn:  # the same refusals as a full launch's (a cli_arg_error is the sweep's config)
-            self._learn(f.trial.number, f.params, res, {"probe": True})
+            self._learn(f.trial.number, f.params, res, step.evidence)
         return step
 
     def launch_done(self, number: int, res: TrialResult) -> None:

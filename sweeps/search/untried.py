@@ -16,6 +16,7 @@ untried and feasible is left.
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -41,10 +42,11 @@ TAKEN_STATUSES = ("ok", "failed", "skipped", "infeasible")
 
 def taken_keys(study: optuna.Study, running: list[Mapping[str, Any]]) -> set[str]:
     """Config keys not to propose again: finished trials measured or known dead (ok, failed,
-    skipped, infeasible; not an infra error), configs in flight (``running``) and queued trials."""
+    skipped, infeasible; not an infra error, not a re-question's passed probe: it measured
+    nothing), configs in flight (``running``) and queued trials."""
     keys = {trial_records.config_key(dict(p)) for p in running}
     for r in trial_records.load_records(study):
-        if r.status in TAKEN_STATUSES and r.state not in ("RUNNING", "WAITING"):
+        if r.status in TAKEN_STATUSES and r.state not in ("RUNNING", "WAITING") and not gates.probe_only(r.status, r.probe):
             keys.add(trial_records.config_key(r.params))
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         keys.add(trial_records.config_key(dict(t.system_attrs.get("fixed_params") or t.params)))
@@ -95,17 +97,49 @@ class UntriedDraw:
                 yield cfg
 
     def draw(self, taken: set[str], allowed: Callable[[Mapping[str, Any]], bool],
-             near: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-        """The candidate nearest ``near`` (fewest differing knobs; the seeded order breaks ties)
-        that is not in ``taken`` and that ``allowed`` accepts; None when none is left
-        (exhaustive for an enumerated space, after :data:`SAMPLE_DRAWS` draws otherwise)."""
+             near: Mapping[str, Any] | None = None,
+             scores: tuple[Mapping[tuple[str, str], float], float] | None = None) -> dict[str, Any] | None:
+        """The candidate nearest ``near`` (fewest differing knobs) that is not in ``taken`` and
+        that ``allowed`` accepts; None when none is left (exhaustive for an enumerated space,
+        after :data:`SAMPLE_DRAWS` draws otherwise). Among equally near candidates, the one whose
+        changed levels did best elsewhere in the study (``scores``: :func:`level_scores`) comes
+        first, then the seeded order."""
         cands: Iterator[dict[str, Any]] | list[dict[str, Any]] = self._candidates()
         if near:
-            cands = sorted(cands, key=lambda c: distance(c, near))  # stable: ties keep the seeded order
+            sc, fill = scores or ({}, 0.0)
+
+            def gain(c: Mapping[str, Any]) -> float:
+                return sum(sc.get((k, repr(v)), fill) - sc.get((k, repr(near.get(k))), fill)
+                           for k, v in c.items() if near.get(k) != v)
+            cands = sorted(cands, key=lambda c: (distance(c, near), -gain(c)))  # stable: ties keep the seeded order
         for cfg in cands:
             if trial_records.config_key(cfg) not in taken and allowed(cfg):
                 return dict(cfg)
         return None
+
+
+def level_scores(records: Iterable[trial_records.TrialRecord], objectives: ObjectiveSet
+                 ) -> tuple[dict[tuple[str, str], float], float]:
+    """``({(knob, repr(level)): the best primary-objective value of a rankable trial with that
+    level}, the median value of the rankable trials: what a level no trial ran is expected to
+    give)``, values negated for ``minimize`` so higher is better: the combination move of the draw.
+    Where the optimum combines levels that each won in different trials (the ``far`` landscape of
+    benchmarks/sweep_efficiency.py: EAGLE-3 won in one approach, the custom all-reduce in the
+    other), the untried config one knob from the incumbent that adds the other's winning level
+    comes first instead of a uniformly drawn neighbour."""
+    obj = objectives.primary
+    out: dict[tuple[str, str], float] = {}
+    values: list[float] = []
+    for r in trial_records.ranked_records(list(records), objectives):
+        v = obj.value(r.metrics)
+        if v is None:
+            continue
+        v = v if obj.maximize else -v
+        values.append(v)
+        for k, lv in r.params.items():
+            key = (k, repr(lv))
+            out[key] = max(out.get(key, v), v)
+    return out, statistics.median(values) if values else 0.0
 
 
 def distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
@@ -168,7 +202,8 @@ def redirect(study: optuna.Study, drawer: UntriedDraw, running: list[Mapping[str
         best = trial_records.best_record([r for r in trial_records.load_records(study) if inside(r.params)], objectives)
         proposal = best.params if best is not None else proposal
     ok = allowed if not keep else (lambda c: inside(c) and allowed(c))
-    cfg = drawer.draw(taken_keys(study, running), ok, near=proposal)
+    cfg = drawer.draw(taken_keys(study, running), ok, near=proposal,
+                      scores=level_scores(trial_records.load_records(study), objectives))
     if cfg is None:
         return False
     attrs = {A_UNTRIED: True}

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,15 +253,30 @@ def lock_study(spec: SweepSpec, study_name: str) -> int:
     return fd
 
 
-def enqueue_seeds(study: optuna.Study, spec: SweepSpec, space: SearchSpace) -> None:
+def enqueue_seeds(study: optuna.Study, spec: SweepSpec, space: SearchSpace,
+                  known_dead: Callable[[Mapping[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
     """Enqueue the baseline (tagged ``is_baseline``), the seed trials and one trial per
-    level of the seeded knobs; ``skip_if_exists`` makes a resumed sweep enqueue nothing twice."""
+    level of the seeded knobs; ``skip_if_exists`` makes a resumed sweep enqueue nothing twice.
+
+    Args:
+        known_dead: True for a config the node's knowledge already names a dead end (a shipped
+            entry or a learned rule on its fingerprint). Such a seed, other than the baseline, is
+            not enqueued: launching it would only confirm the knowledge, and the re-question
+            probe (:mod:`sweeps.search.probes`) asks whether it still holds for a probe's price.
+    Returns:
+        The seeds left out as known dead ends.
+    """
     sw = spec.sweep
     if sw.mode != "search":
-        return
+        return []
+    dropped: list[dict[str, Any]] = []
     for i, cfg in enumerate(seed_configs(space, sw.baseline, sw.seed_trials, sw.seed_each_level_of)):
+        if i > 0 and known_dead is not None and known_dead(cfg):
+            dropped.append(cfg)
+            continue
         attrs = {records.A_BASELINE: True} if i == 0 else {}
         study.enqueue_trial(cfg, user_attrs={**attrs, "enqueue_attrs": attrs}, skip_if_exists=True)
+    return dropped
 
 
 def requeue(study: optuna.Study, params: Mapping[str, Any], user_attrs: Mapping[str, Any]) -> None:

@@ -81,7 +81,12 @@ def _reasons(mapping: Mapping[str, list[str]], knob: str, level: Any, runs: Sequ
         why.append(f"{len(failed)} of {len(runs)} launches failed: "
                    + ", ".join(f"{k} ({trials(x.number for x in failed if (x.failure_class or 'unknown') == k)})"
                                for k, _ in c.most_common()))
-    if knob == "allreduce" and any(r.status == "ok" and not records.counts_for_level(r) for r in runs):
+    # a re-question trial is its probe only (sweeps/search/probes.py): it started, measured nothing
+    requestioned = [r for r in runs if r.status == "ok" and (r.probe or {}).get("finding")]
+    for r in requestioned:
+        why.append(f"only a re-question probe ran it (t{r.number}): {(r.probe or {}).get('finding')}")
+    if knob == "allreduce" and any(r.status == "ok" and not records.counts_for_level(r) and r not in requestioned
+                                   for r in runs):
         why.append(f"the server fell back to NCCL ({records.DEGRADED}): what ran was not {knob}={level}")
     if top is not None:
         if base_ms and top.params.get("speculative") not in (None, "none") and (b := break_even(top, base_ms)):
