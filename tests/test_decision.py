@@ -185,3 +185,21 @@ def test_simplifications_are_measured_configs_between_the_leader_and_the_baselin
     assert [r.number for r in simplifications(recs, lead, base, n=5)] == [3, 2, 6]
     assert simplifications(recs, lead, None) == [] and simplifications(recs, lead, base, n=0) == []
     assert [r.number for r in simplifications(recs, lead, base, n=2, exclude={records.config_key(recs[3].params)})] == [2, 6]
+
+
+def test_separation_from_many_contenders_is_bonferroni_adjusted():
+    """The leader is the largest of several noisy means: a difference that separates one rival
+    at 95 % does not separate it when the leader is compared with four (Bonferroni, 98.75 %)."""
+    lead = [91.0, 90.0, 92.0, 91.0, 90.5]
+    rival = [89.8, 90.3, 89.3, 90.4, 89.7]
+    far = [80.0, 80.4, 79.7, 80.2, 80.1]
+    assert decision.separation_confidence(0.95, 4) == pytest.approx(0.9875)
+    assert decision.separation_confidence(0.95, 1) == decision.separation_confidence(0.95, 0) == 0.95
+    two = decision.decide([_c(1, lead), _c(2, rival)], True, 0.01, 0.95, 5)
+    assert two.relation[2] == "separated" and two.status == "separated" and "Bonferroni" not in two.reason
+    five = decision.decide([_c(1, lead), _c(2, rival), _c(3, far), _c(4, [v - 1 for v in far]),
+                            _c(5, [v - 2 for v in far])], True, 0.01, 0.95, 5)
+    assert five.relation[2] == "undecided" and five.status == "budget_spent" and 2 in five.tie_group
+    assert all(five.relation[t] == "separated" for t in (3, 4, 5))
+    three = decision.decide([_c(1, lead), _c(3, far), _c(4, [v - 1 for v in far])], True, 0.01, 0.95, 5)
+    assert three.status == "separated" and "Bonferroni over 2 comparisons" in three.reason

@@ -32,8 +32,12 @@ the race, the others are as before::
                   "cost" (new: mean launch wall s),
                   "serving_ok" (new: True / False / None = no serving check)}]}
 
-Tests: a contender is *separated* when the Welch interval (at ``confidence``) of the
-difference of means excludes 0 on the leader's side; *equivalent* when the two one-sided
+Tests: a contender is *separated* when the Welch interval of the difference of means excludes
+0 on the leader's side, at ``confidence`` Bonferroni-adjusted over the leader's comparisons
+(``1 - (1 - confidence) / (contenders - 1)``): the leader is the largest of several noisy means,
+so "better than every other" is a family of comparisons made after selecting it (the
+multiple-comparisons-with-the-best setting, Hsu 1984, for which Bonferroni is a conservative
+bound); unadjusted, each extra plateau member in the race adds a chance of a false separation; *equivalent* when the two one-sided
 tests (TOST, Schuirmann 1987: the ``1 - 2*alpha`` Welch interval of the difference lies
 within ``+-margin * |leader mean|``) pass; otherwise *undecided* and both get more repeats.
 The tie group is the leader and every contender not separated from it. The pick within it:
@@ -134,13 +138,20 @@ def tost_equivalent(a: Sequence[float], b: Sequence[float], margin: float, confi
     return -margin < lo and hi < margin
 
 
+def separation_confidence(confidence: float, comparisons: int) -> float:
+    """The Bonferroni-adjusted level of each of the leader's ``comparisons`` separation tests:
+    ``1 - (1 - confidence) / comparisons`` (``confidence`` itself for one comparison or none)."""
+    return 1 - (1 - confidence) / max(1, comparisons)
+
+
 def compare(leader: Sequence[float], other: Sequence[float], maximize: bool, margin: float,
-            confidence: float) -> str:
-    """``"separated"`` (the leader is better beyond the interval), ``"equivalent"`` (within
-    ``margin``, relative to the leader's mean) or ``"undecided"`` (more repeats needed)."""
+            confidence: float, separation: float | None = None) -> str:
+    """``"separated"`` (the leader is better beyond the interval at ``separation``, default
+    ``confidence``), ``"equivalent"`` (within ``margin``, relative to the leader's mean, TOST at
+    ``confidence``) or ``"undecided"`` (more repeats needed)."""
     if len(leader) < 2 or len(other) < 2:
         return "undecided"
-    d, lo, hi = welch_interval(leader, other, confidence)
+    d, lo, hi = welch_interval(leader, other, separation if separation is not None else confidence)
     if (lo > 0) if maximize else (hi < 0):
         return "separated"
     m = abs(sum(leader) / len(leader)) * margin
@@ -285,8 +296,9 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     live.sort(key=lambda c: -c.mean if maximize else c.mean)
     lead = live[0]
     rel = {lead.trial: "leader"}
+    family = separation_confidence(confidence, len(live) - 1)
     for c in live[1:]:
-        rel[c.trial] = compare(lead.values, c.values, maximize, margin, confidence)
+        rel[c.trial] = compare(lead.values, c.values, maximize, margin, confidence, family)
     for c in contenders:
         rel.setdefault(c.trial, "out")
     undecided = [c for c in live[1:] if rel[c.trial] == "undecided"]
@@ -313,7 +325,8 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     else:
         status = "separated"
         reason = (f"t{lead.trial} ({fmt(lead.mean)}) separated from every other contender "
-                  f"at {confidence * 100:.0f} % (Welch).")
+                  f"at {confidence * 100:.0f} % (Welch"
+                  + (f", Bonferroni over {len(live) - 1} comparisons)." if len(live) > 2 else ")."))
     if len(group) > 1:
         reason += f" Tie group {', '.join(f't{t}' for t in tie)}; {pick_sentence(chosen.trial, decided_by(group, chosen))}"
     return Decision(status, lead.trial, rel, tie, chosen.trial, [], reason)
