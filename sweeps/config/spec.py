@@ -173,6 +173,11 @@ class ConfirmConfig(_Model):
     #: relative equivalence margin of the race (0.01 = 1 % of the leader's mean)
     margin: float = Field(default=0.01, gt=0, lt=0.5)
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    #: configs one step simpler than the race's pick that the race may add and launch, measured
+    #: in the sweep or not (sweeps/search/confirm.py ``descend``; 0 = off): on a plateau of
+    #: equivalent configs the pick walks to the member nearest the baseline whichever member
+    #: the sweep measured best. Each costs ``repeats`` to ``max_repeats`` launches.
+    descend: int = Field(default=0, ge=0, le=20)
 
     @model_validator(mode="after")
     def _budget_covers_repeats(self) -> ConfirmConfig:

@@ -19,7 +19,11 @@ the race, the others are as before::
                   "tie_break": str} (new),
      "decision_reason" (new: == decision["reason"]),
      "launches" (new): [{"trial", "repeat" (0-based, per trial, over all rounds), "round",
-                         "status", "value", "failure", "metrics", "wall_s"}],
+                         "status", "value", "failure", "metrics", "wall_s",
+                         "gpu_s" (GPU-seconds the launch held)}],
+     "derived" (new: configs the race added, one step simpler than its pick, ``descend``):
+               [{"trial" (the study's, or DERIVED_BASE up: only the race measured it),
+                 "config", "from" (the pick it simplifies), "step" ("knob a -> b"), "in_study"}],
      "entries": [{"trial", "config", "label", "is_baseline", "sweep_value", "values", "n",
                   "mean", "ci_low", "ci_high", "speedup_mean", "speedup_ci", "tokens_match",
                   "mismatch_detail", "failures", "violated", "verdict",
@@ -30,7 +34,8 @@ the race, the others are as before::
                   "in_tie_group" (new: bool), "non_default" (new: settings differing from the
                   baseline's render: env vars + flags), "departure" (new: :func:`departure`),
                   "cost" (new: mean launch wall s),
-                  "serving_ok" (new: True / False / None = no serving check)}]}
+                  "serving_ok" (new: True / False / None = no serving check),
+                  "derived_from", "step", "in_study" (new: a race-added config only)}]}
 
 Tests: a contender is *separated* when the Welch interval of the difference of means excludes
 0 on the leader's side, at ``confidence`` Bonferroni-adjusted over the leader's comparisons

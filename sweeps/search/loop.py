@@ -417,7 +417,9 @@ class SweepLoop:
         recs = records.load_records(self.study)
         best = records.best_record(recs, self.objectives)
         if conf.get("winner") is not None:  # the confirmed winner, not the luckiest single run
-            best = next((r for r in recs if r.number == conf["winner"]), best)
+            from sweeps.search.confirm import config_record
+
+            best = config_record(recs, conf, conf["winner"]) or best
         base = records.baseline_value(recs, self.objectives)
         # findings and summary first: the parent run's artifacts are their final state
         self.publisher.write_findings(self.study, recs, self.fingerprint, self.rules)
@@ -452,5 +454,5 @@ class SweepLoop:
             from sweeps.search.confirm import confirm_top
 
             out = confirm_top(self, k=c.top_k, repeats=c.repeats, confidence=c.confidence, margin=c.margin,
-                              max_repeats=c.repeat_budget) or {}
+                              max_repeats=c.repeat_budget, descend=c.descend if c.race else 0) or {}
         return out
