@@ -61,7 +61,8 @@ def _campaign(tmp_path, seed: int, *extra: str):
 @pytest.mark.slow  # a 30-launch campaign per seed
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_campaign_gives_eagle3_at_least_30_percent_of_its_launches(tmp_path, seed):
-    drv = _campaign(tmp_path, seed)
+    """With the release off, EAGLE-3 keeps >= 30 % of the launches whatever it measures."""
+    drv = _campaign(tmp_path, seed, "sweep.approaches.release_below=null")
     recs = records.load_records(drv.study)
     launched = [r for r in recs if r.launched]
     assert drv.stop_reason == "trial budget spent (30 launched)"
@@ -75,6 +76,25 @@ def test_the_campaign_gives_eagle3_at_least_30_percent_of_its_launches(tmp_path,
     assert len({records.config_key(r.params) for r in launched}) == len(launched)
     lines = coverage_lines(context_from_spec(drv.spec, drv.study_name, drv.fingerprint, None), launched)
     assert lines[0].startswith("- approaches (`speculative`, min share 30 %): none ") and "below the share" not in lines[0]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow  # a 30-launch campaign
+def test_the_campaign_releases_eagle3s_quota_once_it_is_separated_below(tmp_path):
+    """The shipped campaign: EAGLE-3 (about 35 % below plain decoding on this node) keeps its
+    quota until one of its launches is ok, then the sampler alone decides; the findings' coverage
+    section states the evidence, and every EAGLE-3 launch after the release was the sampler's."""
+    drv = _campaign(tmp_path, 0)
+    launched = [r for r in records.load_records(drv.study) if r.launched]
+    eagle = [r for r in launched if r.params["speculative"] == "eagle3"]
+    ok = [r for r in eagle if r.status == "ok"]
+    assert ok and len(eagle) / len(launched) < 0.3, (len(eagle), len(launched))
+    lines = coverage_lines(context_from_spec(drv.spec, drv.study_name, drv.fingerprint, None), launched)
+    assert lines[1].startswith("- quota of `speculative=eagle3` released: its best of ") and "% below none's best" in lines[1]
+    first_ok = min(r.number for r in ok)
+    pinned = {t.number for t in drv.study.trials if t.user_attrs.get(A_APPROACH_QUOTA) == "eagle3"}
+    # no quota pin once released (one may have been enqueued while the first ok launch ran)
+    assert len({n for n in pinned if n > first_ok}) <= 1, (sorted(pinned), first_ok)
 
 
 @pytest.mark.slow
@@ -115,3 +135,51 @@ def test_coverage_lines_count_launches_per_approach_and_level():
                         "below the share: eagle3")
     assert "- `g`: 8 8 (89 %), 64 1 (11 %)" in lines
     assert "- `steps`: 1 1 (50 %), 2 1 (50 %)" in lines  # of the launches that set it (EAGLE-3 only)
+
+
+def _val(n: int, spec: str, value: float, status: str = "ok", **params) -> records.TrialRecord:
+    return records.TrialRecord(n, "COMPLETE", {"speculative": spec, "g": 8, "moe": "none", **params}, status,
+                               {"decode_tok_s": value} if status == "ok" else {})
+
+
+def test_a_quota_is_released_once_the_approach_is_separated_below_the_other():
+    """EAGLE-3 below its share is due; once it has ``release_after`` (here 2) ok launches whose
+    best is more than 10 % below plain decoding's best, its quota is released (not due), with
+    the evidence; the default releases after one."""
+    cov = Coverage(ApproachesConfig(knob="speculative", min_share=0.3, release_after=2), SPACE)
+    plain = [_val(i, "none", 85.0 + i) for i in range(6)]  # best: t5, 90 tok/s
+    one = plain + [_val(6, "eagle3", 58.0, steps=1)]
+    assert cov.due(one, []) == "eagle3" and cov.released(one) == {}  # one ok launch is not enough here
+    assert Coverage(ApproachesConfig(knob="speculative", min_share=0.3), SPACE).due(one, []) is None  # the default
+    failed = one + [_val(7, "eagle3", 0.0, status="failed", steps=2)]
+    assert cov.due(failed, []) == "eagle3"  # a failed launch is no evidence of its speed
+    two = one + [_val(7, "eagle3", 60.0, steps=2)]
+    rel = cov.released(two)
+    assert set(rel) == {"eagle3"} and rel["eagle3"]["trial"] == 7 and rel["eagle3"]["other_trial"] == 5
+    assert rel["eagle3"]["gap"] == pytest.approx(1 - 60.0 / 90.0) and rel["eagle3"]["launches"] == 2
+    assert cov.due(two, []) is None  # 2 of 8 launches, below its share, but released
+    # within the margin (> 90 % of the plain best) it stays due
+    close = one + [_val(7, "eagle3", 82.0, steps=2)]
+    assert cov.released(close) == {} and cov.due(close, []) == "eagle3"
+    # release off: the quota holds whatever the evidence
+    off = Coverage(ApproachesConfig(knob="speculative", min_share=0.3, release_below=None), SPACE)
+    assert off.released(two) == {} and off.due(two, []) == "eagle3"
+    # a minimised objective: released when its best is more than 10 % *above* the other's
+    from sweeps.config.objective import Objective
+
+    lat = Coverage(ApproachesConfig(knob="speculative", min_share=0.3, release_after=2), SPACE,
+                   Objective("decode_tok_s", "minimize"))
+    assert set(lat.released(two)) == {"none"}  # plain decoding's best (85) is > 10 % above EAGLE-3's (58)
+
+
+def test_the_findings_state_the_evidence_of_a_released_quota():
+    recs = [_val(i, "none", 85.0 + i) for i in range(6)] + [_val(6, "eagle3", 58.0, steps=1),
+                                                             _val(7, "eagle3", 60.0, steps=2)]
+    ctx = _ctx([])
+    ctx.approaches = {**ctx.approaches, "release_after": 2}
+    lines = coverage_lines(ctx, recs)
+    assert lines[0].startswith("- approaches (`speculative`, min share 30 %): none 6 (75 %), eagle3 2 (25 %)")
+    assert lines[1] == ("- quota of `speculative=eagle3` released: its best of 2 ok launches, t7 60.0 tok/s, is 33 % "
+                        "below none's best t5 90.0 tok/s (more than the 10 % release margin, after at least 2 ok "
+                        "launches): the sampler alone chooses from here")
+    assert not any("released" in x for x in coverage_lines(_ctx([]), recs[:6]))  # no EAGLE-3 evidence: nothing released

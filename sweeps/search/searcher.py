@@ -85,7 +85,7 @@ class Searcher:
         self.untried = UntriedDraw(self.space, spec.sweep.sampler.seed)  # the enumeration is drawn lazily
         self.probes = ProbePlanner(spec, study, rules, study_name)
         ap = spec.sweep.approaches
-        self.coverage: Coverage | None = Coverage(ap, self.space) if ap is not None else None
+        self.coverage: Coverage | None = Coverage(ap, self.space, self.objectives.primary) if ap is not None else None
 
     def prepare(self) -> None:
         """Called once by the loop's setup after the seeds are enqueued (nothing for a sweep)."""

@@ -10,6 +10,7 @@ from typing import Any
 
 from sweeps.publish.findings.context import Context
 from sweeps.publish.findings.groups import Group, outcome
+from sweeps.search.coverage import release_lines
 from sweeps.search.untried import knowledge_filter
 from sweeps.store import records as trial_records
 
@@ -164,6 +165,7 @@ def coverage_lines(ctx: Context, launched: Sequence[trial_records.TrialRecord]) 
             short = [str(v) for v, c in counts if c / active < float(ap.get("min_share", 0))]
             note = f"; below the share: {', '.join(short)}" if short else ""
             lines.insert(0, f"- approaches (`{p.name}`, min share {100 * float(ap['min_share']):.0f} %): {cells}{note}")
+            lines[1:1] = release_lines(ap, ctx.space, launched, ctx.objective)
         else:
             lines.append(f"- `{p.name}`: {cells}")
     return lines
