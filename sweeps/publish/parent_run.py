@@ -224,7 +224,9 @@ def log_truth(tracker: Tracker, spec: Any, study_name: str, study: Any, recs: li
         log.warning("could not log the confirmation runs to MLflow: %s", e)
     if ct.get("confirmed_trial"):
         number = int(ct["confirmed_trial"])
-        winner = next((r for r in recs if r.number == number), None)
+        from sweeps.search.confirm import config_record
+
+        winner = config_record(recs, conf, number)  # also a config only the race measured
         if winner is not None:
             cmd = deploy_command_for(spec, winner.params) or ""
             tags.update(best_trial=str(number), best_launch_command=cmd, confirmed_launch_command=cmd)
