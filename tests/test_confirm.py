@@ -423,3 +423,20 @@ def test_findings_name_the_configs_the_race_added(tmp_path):
     win = next(e for e in out["entries"] if e["trial"] == out["winner"])
     assert f"| t{out['winner']} (added: t{win['derived_from']}, cuda_graph_max_bs 64 -> 128) |" in text
     assert f"The race added {len(out['derived'])} config(s)" in text and "no sweep trial had measured" in text
+
+
+def test_the_descent_does_not_relaunch_a_config_the_sweep_saw_fail(tmp_path):
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
+    dead = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}  # its one step simpler, failed
+    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    dist = {"speculative": optuna.distributions.CategoricalDistribution(["none"]),
+            "allreduce": optuna.distributions.CategoricalDistribution(["nccl", "custom", "flashinfer_fusion"]),
+            "cuda_graph_max_bs": optuna.distributions.CategoricalDistribution([16, 32, 64, 128, 256, 512])}
+    drv.study.add_trial(optuna.trial.create_trial(params=dead, distributions=dist, state=optuna.trial.TrialState.PRUNED,
+                                                  user_attrs={"status": "failed", "failure_class": "startup_crash"}))
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, simpler_max=0, descend=8)
+    raced = [json.dumps(e["config"], sort_keys=True) for e in out["entries"]]
+    assert json.dumps(dead, sort_keys=True) not in raced
+    assert {x["trial"] for x in out["launches"]} <= {e["trial"] for e in out["entries"]}
+    assert out["derived"]  # the other one-step simplifications still joined

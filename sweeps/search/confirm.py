@@ -243,8 +243,9 @@ def _descend(out: Mapping[str, Any], todo: list[tuple[trial_records.TrialRecord,
              derived: list[dict[str, Any]], recs: list[trial_records.TrialRecord], space: Any, limit: int) -> int:
     """Add the race's pick's :func:`one_step_simplifications` that are not in the race yet
     (to ``todo`` and ``derived``), at most ``limit`` race-added configs in all; a config some
-    study trial already measured joins under that trial's number, any other under a new
-    :data:`DERIVED_BASE` number. Returns how many were added (0: the descent is over)."""
+    study trial already measured joins under that trial's number, one the sweep saw fail (and
+    never succeed) is left out, any other joins under a new :data:`DERIVED_BASE` number.
+    Returns how many were added (0: the descent is over)."""
     pick = out.get("winner")
     base = next((r for r, b in todo if b), None)
     lead = next((r for r, _ in todo if r.number == pick), None)
@@ -252,14 +253,17 @@ def _descend(out: Mapping[str, Any], todo: list[tuple[trial_records.TrialRecord,
         return 0
     have = {trial_records.config_key(r.params) for r, _ in todo}
     study: dict[str, trial_records.TrialRecord] = {}
+    failed: set[str] = set()
     for r in recs:  # the same config measured in the sweep joins as that trial
         if r.status == "ok" and not r.is_baseline:
             study.setdefault(trial_records.config_key(r.params), r)
+        elif r.status == "failed":  # a config the sweep saw fail is not launched again here
+            failed.add(trial_records.config_key(r.params))
     used = {r.number for r, _ in todo}
     added = 0
     for cand, step in one_step_simplifications(lead.params, base.params, space):
         key = trial_records.config_key(cand)
-        if key in have or len(derived) >= limit:
+        if key in have or len(derived) >= limit or (key in failed and key not in study):
             continue
         rec = study.get(key)
         if rec is None:
