@@ -199,24 +199,23 @@ class ConfirmConfig(_Model):
 class ApproachesConfig(_Model):
     """The approaches a sweep exists to compare: each level of one categorical knob is an
     approach (the campaign: ``speculative`` none vs eagle3), and the sampler gives each at
-    least ``min_share`` of the sweep's launched trials (:mod:`sweeps.search.coverage`).
+    least ``min_share`` of the sweep's trial budget by its end: the sampler exploits freely while
+    the launches left exceed what the approaches are still owed (:mod:`sweeps.search.coverage`).
 
     ``min_share`` x the number of levels must not exceed 1. The default 0.3 is the campaign's
-    goal (issue 22: >= 30 % of its launches for EAGLE-3). The quota of an approach is released
-    once the evidence answers the comparison (``release_below``, ``release_after``:
-    :mod:`sweeps.search.coverage`), so a node where it clearly loses does not pay for the rest."""
+    goal (issue 22: >= 30 % of its launches for EAGLE-3). Opt-in: the quota of an approach is
+    released once the evidence answers the comparison (``release_below``, ``release_after``),
+    so a node where it clearly loses does not pay for the rest of its quota."""
 
     knob: str = Field(min_length=1)
     min_share: float = Field(default=0.3, gt=0, le=1)
     #: an approach's quota is released once its best measurement lies more than this fraction
-    #: below another approach's best (null: never released). 0.10 is several times the
+    #: below another approach's best (null, the default: never released). 0.10 is several times the
     #: difference of two single measurements at the 1-3 % run-to-run noise (DESIGN; the
     #: emulated node: 1.5 %, tasks/emulator/profile.py): sd of a difference 2.1-4.2 %.
-    release_below: float | None = Field(default=0.10, gt=0, lt=1)
+    release_below: float | None = Field(default=None, gt=0, lt=1)
     #: ... and it has at least this many ok launches. 1: a single measurement that far below is
-    #: already separated from noise; on the campaign 2 kept EAGLE-3's quota one launch longer and
-    #: cost 2.90 instead of 1.55 GPU-hours (median, 5 seeds) to the target
-    #: (benchmarks/sweep_efficiency.py --landscapes campaign --seeds 5)
+    #: already separated from noise (the difference's sd above)
     release_after: int = Field(default=1, ge=1)
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sweeps.config.spec import ApproachesConfig
 from sweeps.publish.findings.context import Context
 from sweeps.publish.findings.groups import Group, outcome
-from sweeps.search.coverage import release_lines
+from sweeps.search.coverage import Coverage, quota_lines, release_lines
 from sweeps.search.untried import knowledge_filter
 from sweeps.store import records as trial_records
 
@@ -143,9 +144,11 @@ def _knob_lines(ctx: Context, records: Sequence[trial_records.TrialRecord],
 def coverage_lines(ctx: Context, launched: Sequence[trial_records.TrialRecord]) -> list[str]:
     """Launches per approach (``sweep.approaches``) and per level of every finite knob.
 
-    Returns ``- approaches (`speculative`, min share 30 %): none 21 (70 %), eagle3 9 (30 %)``
-    and one ``- `knob`: level n (share), ...`` line per knob (levels in the space's order; a
-    conditional knob's shares are of the launches that set it)."""
+    Returns ``- approaches (`speculative`, min share 30 % of the 30-launch trial budget, owed by
+    its end): none 21 (70 %), eagle3 9 (30 %)``, then the quota still owed or not paid
+    (:func:`sweeps.search.coverage.quota_lines`) and the evidence of a released quota, and one
+    ``- `knob`: level n (share), ...`` line per knob (levels in the space's order; a conditional
+    knob's shares are of the launches that set it)."""
     lines: list[str] = []
     n = len(launched)
     if not n or ctx.space is None:
@@ -162,10 +165,19 @@ def coverage_lines(ctx: Context, launched: Sequence[trial_records.TrialRecord]) 
             continue
         cells = ", ".join(f"{v} {c} ({100 * c / active:.0f} %)" for v, c in counts)
         if ap and p.name == ap.get("knob"):
-            short = [str(v) for v, c in counts if c / active < float(ap.get("min_share", 0))]
+            share = float(ap.get("min_share", 0))
+            budget = ctx.trial_budget
+            if budget is not None:
+                quota = Coverage(ApproachesConfig(**dict(ap)), ctx.space, ctx.objective, budget).quota()
+                short = [str(v) for v, c in counts if quota is not None and c < quota]
+                of = f" of the {budget}-launch trial budget ({quota} launches), owed by its end"
+            else:
+                short = [str(v) for v, c in counts if c / active < share]
+                of = ""
             note = f"; below the share: {', '.join(short)}" if short else ""
-            lines.insert(0, f"- approaches (`{p.name}`, min share {100 * float(ap['min_share']):.0f} %): {cells}{note}")
-            lines[1:1] = release_lines(ap, ctx.space, launched, ctx.objective)
+            lines.insert(0, f"- approaches (`{p.name}`, min share {100 * share:.0f} %{of}): {cells}{note}")
+            lines[1:1] = [*quota_lines(ap, ctx.space, launched, budget, ctx.stop_reason, ctx.objective),
+                          *release_lines(ap, ctx.space, launched, ctx.objective)]
         else:
             lines.append(f"- `{p.name}`: {cells}")
     return lines
