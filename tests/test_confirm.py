@@ -192,15 +192,16 @@ def test_corrupt_tokens_on_real_emulated_servers(tmp_path):
 
 
 def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
-    """Two configs 0.3 % apart under 1.5 % noise: the race gives the leader and its close rival
-    more repeats (not the clearly slower config or the baseline), up to the budget, and reports
-    them as a tie group; a rerun launches nothing, a larger budget only adds launches."""
+    """Two configs close under 1.5 % noise, the simpler one (the pick by the tie-break) not the
+    leader: the race gives the leader and the pick more repeats (not the clearly slower config
+    or the baseline), up to the budget, and reports them as a tie group; a rerun launches
+    nothing, a larger budget only adds launches."""
     base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
     a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
     b = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
     slow = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
     study = _study([(base, 82.0, True), (a, 91.0, False), (b, 90.5, False), (slow, 90.0, False)])
-    truth = {records.config_key(base): 82.0, records.config_key(a): 90.0, records.config_key(b): 90.3,
+    truth = {records.config_key(base): 82.0, records.config_key(a): 88.6, records.config_key(b): 91.0,
              records.config_key(slow): 80.0}
     drv = _Driver(tmp_path, study, truth)
     out = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01)

@@ -96,6 +96,41 @@ def test_decide_separated_equivalent_budget_and_racing():
     assert decision.decide([_c(5, [99, 99.1], eligible=False)], True, 0.01, 0.95, 4).pick is None
 
 
+def test_the_race_stops_for_contenders_that_cannot_change_the_pick():
+    """The leader is the pick (fewest non-default settings) and a rival ranked after it by the
+    tie-break is undecided (neither separated nor equivalent) but cannot be better than the pick
+    by more than the margin (non-inferiority): it is not raced on, and the decision says so. A
+    rival that might still be better by more than the margin, one that ties the pick on the
+    tie-break's keys, or a pick that is not the leader, is raced on."""
+    lead = [89.6, 90.0, 90.4]
+    rival = [89.1, 89.5, 89.9]  # 0.5 below: not separated, not within 1 % by TOST, not better by 1 %
+    base = _c(0, [80, 80.5, 79.8])
+    assert decision.compare(lead, rival, True, 0.01, 0.95, decision.separation_confidence(0.95, 2)) == "undecided"
+    assert decision.non_inferior(lead, rival, 0.9, True, 0.95) and not decision.non_inferior(rival, lead, 0.3, True, 0.95)
+    done = decision.decide([base, _c(1, lead, non_default=1), _c(2, rival, non_default=2)], True, 0.01, 0.95, 8)
+    assert done.status == "pick_decided" and done.pick == 1 and not done.more
+    assert done.relation[2] == "undecided" and done.tie_group == [1, 2]
+    assert "t2 neither separated from t1 nor shown equivalent, but ranked after the pick" in done.reason
+    # further from the baseline's numeric settings ranks after too
+    far = decision.decide([base, _c(1, lead, non_default=1, departure=2.0), _c(2, rival, non_default=1, departure=3.0)],
+                          True, 0.01, 0.95, 8)
+    assert far.status == "pick_decided" and far.pick == 1
+    # noisier: the rival might still be more than 1 % better than the pick, so both race
+    noisy = decision.decide([base, _c(1, [90, 92, 88], non_default=1), _c(2, [89, 91.5, 88.5], non_default=2)],
+                            True, 0.01, 0.95, 8)
+    assert noisy.status == "racing" and sorted(noisy.more) == [1, 2]
+    # a rival that ties the pick on the tie-break's keys: the mean decides, so it races
+    tie = decision.decide([base, _c(1, lead, non_default=1), _c(2, rival, non_default=1)], True, 0.01, 0.95, 8)
+    assert tie.status == "racing" and sorted(tie.more) == [1, 2]
+    # the pick is not the leader: it may separate below the leader, so both race
+    simpler = decision.decide([base, _c(1, lead, non_default=2), _c(2, rival, non_default=1)], True, 0.01, 0.95, 8)
+    assert simpler.status == "racing" and simpler.pick == 2 and sorted(simpler.more) == [1, 2]
+    # minimising: the same rule with the direction reversed (lower is better)
+    low = decision.decide([_c(0, [120, 120.5, 119.8]), _c(1, [100 - (x - 90) for x in lead], non_default=1),
+                           _c(2, [100 - (x - 90) + 0.5 for x in rival[::-1]], non_default=2)], False, 0.01, 0.95, 8)
+    assert low.pick == 1 and low.relation[2] == "undecided" and low.status == "pick_decided"
+
+
 def test_repick_applies_the_serving_check_within_the_tie_group():
     conf = {"winner": 2, "tie_group": [2, 1], "decision": {"pick": 2, "tie_group": [2, 1]},
             "entries": [{"trial": 1, "values": [90, 92, 88], "n": 3, "non_default": 3, "cost": 10,

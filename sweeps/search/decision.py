@@ -14,7 +14,7 @@ the race, the others are as before::
      "max_repeats" (new: repeat budget per config), "margin" (new: relative equivalence margin),
      "epoch" (new: evidence set; only ``force`` starts a new one),
      "tie_group" (new: trials the decision cannot separate, the pick first),
-     "decision": {"status": "separated" | "equivalent" | "budget_spent" | "single",
+     "decision": {"status": "separated" | "equivalent" | "pick_decided" | "budget_spent" | "single",
                   "reason": str, "leader": trial, "pick": trial, "tie_group": [trials],
                   "tie_break": str} (new),
      "decision_reason" (new: == decision["reason"]),
@@ -44,7 +44,10 @@ so "better than every other" is a family of comparisons made after selecting it 
 multiple-comparisons-with-the-best setting, Hsu 1984, for which Bonferroni is a conservative
 bound); unadjusted, each extra plateau member in the race adds a chance of a false separation; *equivalent* when the two one-sided
 tests (TOST, Schuirmann 1987: the ``1 - 2*alpha`` Welch interval of the difference lies
-within ``+-margin * |leader mean|``) pass; otherwise *undecided* and both get more repeats.
+within ``+-margin * |leader mean|``) pass; otherwise *undecided*, and it gets more repeats (with
+the leader and the pick) only while they could change the pick (:func:`can_change_pick`): a
+contender ranked after the pick by the tie-break stops once the pick is shown non-inferior to
+it (one-sided, :func:`non_inferior`), and the decision is then ``pick_decided``.
 The tie group is the leader and every contender not separated from it. The pick within it:
 passes the serving check (True before None before False), then fewer non-default settings,
 then the smaller departure from the baseline's numeric settings (:func:`departure`), then
@@ -222,6 +225,46 @@ def departure(params: Mapping[str, object], baseline: Mapping[str, object]) -> f
     return round(total, 2)
 
 
+def rank_key(c: Contender) -> tuple[int, int, float]:
+    """The tie-break's keys that do not depend on the repeats: serving check (passed 0,
+    unchecked 1, failed 2), non-default settings, :func:`departure` (smaller first)."""
+    return {True: 0, None: 1, False: 2}[c.serving_ok], c.non_default, c.departure
+
+
+def can_change_pick(c: Contender, chosen: Contender, maximize: bool, margin: float, confidence: float) -> bool:
+    """Whether more repeats of the undecided contender ``c`` could change the pick ``chosen``
+    of a tie group (the race goes on only for those):
+
+    - ``c`` is the pick: it may yet separate below the leader and leave the group;
+    - ``c`` ties the pick on :func:`rank_key`: the launch cost and the mean, which repeats move,
+      decide between them;
+    - ``c`` ranks after the pick but the pick is not yet shown non-inferior to it: ``c`` might be
+      better than the pick by more than ``margin`` (it could become the leader and separate the
+      pick below it).
+
+    A contender ranked after the pick to which the pick is non-inferior within ``margin``
+    (:func:`non_inferior`, one-sided at ``confidence``) cannot change it: shown equivalent it
+    stays behind the pick, separated it leaves the group, and the pick is the same either way.
+    Unlike equivalence (TOST) this needs no proof that ``c`` is not *worse*, which is what kept
+    plateau configs racing to the repeat budget at 1-2 % noise against a 1 % margin."""
+    if c is chosen or rank_key(c) == rank_key(chosen):
+        return True
+    return not non_inferior(chosen.values, c.values, abs(chosen.mean) * margin, maximize, confidence)
+
+
+def non_inferior(pick: Sequence[float], other: Sequence[float], margin: float, maximize: bool,
+                 confidence: float) -> bool:
+    """One-sided non-inferiority of ``pick`` to ``other`` within ``margin`` (absolute, the
+    objective's unit): the upper ``confidence`` Welch bound of how much better ``other`` is than
+    ``pick`` (``mean(other) - mean(pick)``, the reverse when minimising) lies below ``margin``.
+    One side of :func:`tost_equivalent` (Schuirmann 1987). False with fewer than 2 values."""
+    if len(pick) < 2 or len(other) < 2 or margin <= 0:
+        return False
+    a, b = (other, pick) if maximize else (pick, other)
+    _, _, hi = welch_interval(a, b, 1 - 2 * (1 - confidence))
+    return hi < margin
+
+
 def pick(members: Sequence[Contender], maximize: bool) -> Contender:
     """The tie-break (:data:`TIE_BREAK`): the member that passes the serving check (unchecked
     next, failed last), then with the fewest non-default settings, then the smallest
@@ -234,10 +277,8 @@ def pick(members: Sequence[Contender], maximize: bool) -> Contender:
     if not members:
         raise ValueError("pick() needs at least one member")
 
-    def first(c: Contender) -> tuple[int, int, float]:
-        return {True: 0, None: 1, False: 2}[c.serving_ok], c.non_default, c.departure
-    best = min(first(c) for c in members)
-    same = [c for c in members if first(c) == best]
+    best = min(rank_key(c) for c in members)
+    same = [c for c in members if rank_key(c) == best]
     cheapest = min(c.cost for c in same)
     close = [c for c in same if c.cost <= cheapest * (1 + COST_TIE)]
     return min(close, key=lambda c: (-c.mean if maximize else c.mean, c.trial))
@@ -307,22 +348,35 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     for c in contenders:
         rel.setdefault(c.trial, "out")
     undecided = [c for c in live[1:] if rel[c.trial] == "undecided"]
-    # the leader and each undecided contender get one more repeat while their budget lasts
-    more = [c.trial for c in [lead, *undecided] if c.launched < max_repeats] if undecided else []
     group = [lead] + [c for c in live[1:] if rel[c.trial] != "separated"]
     chosen = pick(group, maximize)
     tie = [chosen.trial] + [c.trial for c in group if c is not chosen]
+    # race on only what can change the pick (can_change_pick): the leader and each such
+    # undecided contender get one more repeat while their budget lasts
+    open_ = [c for c in undecided if can_change_pick(c, chosen, maximize, margin, confidence)]
+    racers = [lead] + [c for c in [chosen, *open_] if c is not lead] if open_ else []
+    more = list(dict.fromkeys(c.trial for c in racers if c.launched < max_repeats))
     if more:
         return Decision("racing", lead.trial, rel, tie, chosen.trial, more, "racing")
     pct = f"{margin * 100:g} %"
+    left = [c for c in undecided if c not in open_]
     if len(live) == 1:
         status, reason = "single", f"t{lead.trial} is the only config that passed the confirmation."
-    elif undecided:
-        names = ", ".join(f"t{c.trial}" for c in undecided)
+    elif open_:
+        names = ", ".join(f"t{c.trial}" for c in open_)
         status = "budget_spent"
         reason = (f"Repeat budget spent ({max_repeats} per config): t{lead.trial} "
                   f"({fmt(lead.mean)}) is not distinguishable from {names} at {confidence * 100:.0f} %, "
                   f"nor shown equivalent within {pct}.")
+    elif left:
+        status = "pick_decided"
+        how = ("is the leader" if chosen is lead
+               else f"is equivalent to the leader t{lead.trial} ({fmt(lead.mean)}) within {pct} (TOST)")
+        reason = (f"The pick t{chosen.trial} ({fmt(chosen.mean)}) {how}; "
+                  f"{', '.join(f't{c.trial}' for c in left)} neither separated from t{lead.trial} "
+                  f"nor shown equivalent, but ranked after the pick by the tie-break and not better than "
+                  f"it by more than {pct} (non-inferiority at {confidence * 100:.0f} %), so more repeats "
+                  f"could not change the pick (not raced on).")
     elif len(group) > 1:
         status = "equivalent"
         names = ", ".join(f"t{c.trial}" for c in group[1:])
