@@ -195,7 +195,8 @@ def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
     """Two configs close under 1.5 % noise, the simpler one (the pick by the tie-break) not the
     leader: the race gives the leader and the pick more repeats (not the clearly slower config
     or the baseline), up to the budget, and reports them as a tie group; a rerun launches
-    nothing, a larger budget only adds launches."""
+    nothing, a larger budget only adds launches. (Futility off: at 6 repeats this race is not
+    decidable, and the default stops it at once: the next test.)"""
     base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
     a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
     b = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
@@ -204,7 +205,7 @@ def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
     truth = {records.config_key(base): 82.0, records.config_key(a): 88.6, records.config_key(b): 91.0,
              records.config_key(slow): 80.0}
     drv = _Driver(tmp_path, study, truth)
-    out = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01)
+    out = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01, futility=False)
     by = {e["trial"]: e for e in out["entries"]}
     assert by[0]["launched"] == 3 and by[3]["launched"] == 3  # separated after the first 3: no race
     assert by[1]["launched"] == by[2]["launched"] == 6  # undecided: raced to the budget
@@ -221,10 +222,10 @@ def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
     assert launches == 3 + 3 + 6 + 6 and len(out["launches"]) == launches
     # rerun at the same settings: the stored evidence answers it, nothing is launched
     drv._trial_task.calls.clear()
-    again = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01)
+    again = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01, futility=False)
     assert not drv._trial_task.calls and again["winner"] == out["winner"]
     # a larger budget adds evidence: the first values stay, only the racing configs get more
-    more = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=8, margin=0.01)
+    more = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=8, margin=0.01, futility=False)
     by2 = {e["trial"]: e for e in more["entries"]}
     assert by2[1]["values"][:6] == by[1]["values"] and by2[0]["values"] == by[0]["values"]
     assert len(drv._trial_task.calls) == 4 and by2[1]["launched"] == by2[2]["launched"] == 8
@@ -234,9 +235,25 @@ def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
     assert nums == list(range(8))
     # a larger initial repeats count asks for the missing repeats only
     drv._trial_task.calls.clear()
-    confirm.confirm_top(drv, k=3, repeats=4, max_repeats=8, margin=0.01)
+    confirm.confirm_top(drv, k=3, repeats=4, max_repeats=8, margin=0.01, futility=False)
     assert sorted(c[0] % 100 for c in drv._trial_task.calls) == [3, 3]  # t0 and t3: their 4th repeat
 
+
+
+def test_the_race_does_not_spend_launches_it_cannot_decide_with(tmp_path):
+    """The same two close configs with futility on (the default): projected from their first 3
+    repeats, 6 could neither separate nor show them equivalent within 1 %, so neither gets more;
+    the decision says so and keeps both in the tie group."""
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
+    b = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
+    study = _study([(base, 82.0, True), (a, 91.0, False), (b, 90.5, False)])
+    truth = {records.config_key(base): 82.0, records.config_key(a): 88.6, records.config_key(b): 91.0}
+    drv = _Driver(tmp_path, study, truth)
+    out = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01)
+    assert [e["launched"] for e in out["entries"]] == [3, 3, 3] and len(drv._trial_task.calls) == 9
+    assert out["decision"]["status"] == "undecidable" and set(out["tie_group"]) == {1, 2}
+    assert "would still be neither at 6 repeats" in out["decision_reason"] and out["winner"] == 1
 
 def test_a_confirmation_stored_before_the_race_is_kept_as_evidence(tmp_path):
     base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 from scipy import stats
@@ -77,7 +78,7 @@ def test_decide_separated_equivalent_budget_and_racing():
     assert (sep.status, sep.leader, sep.pick, sep.tie_group) == ("separated", 1, 1, [1])
     assert sep.relation == {1: "leader", 2: "separated", 0: "separated"} and not sep.more
     # undecided with budget left: the leader and the undecided contender race on, the separated one does not
-    race = decision.decide([_c(0, [80, 80.5, 79.8]), _c(1, [90, 92, 88]), _c(2, [89, 91.5, 88.5])], True, 0.01, 0.95, 8)
+    race = decision.decide([_c(0, [80, 80.5, 79.8]), _c(1, [90, 91, 89]), _c(2, [88.5, 89.5, 87.5])], True, 0.01, 0.95, 8)
     assert race.status == "racing" and sorted(race.more) == [1, 2]
     # the same at the budget: a tie group, picked by the tie-break (fewer non-default settings)
     full = [_c(0, [80, 80.5, 79.8] * 2), _c(1, [90, 92, 88] * 2, non_default=3), _c(2, [89, 91.5, 88.5] * 2, non_default=1)]
@@ -116,7 +117,7 @@ def test_the_race_stops_for_contenders_that_cannot_change_the_pick():
                           True, 0.01, 0.95, 8)
     assert far.status == "pick_decided" and far.pick == 1
     # noisier: the rival might still be more than 1 % better than the pick, so both race
-    noisy = decision.decide([base, _c(1, [90, 92, 88], non_default=1), _c(2, [89, 91.5, 88.5], non_default=2)],
+    noisy = decision.decide([base, _c(1, [90, 91, 89], non_default=1), _c(2, [89.5, 90.5, 88.5], non_default=2)],
                             True, 0.01, 0.95, 8)
     assert noisy.status == "racing" and sorted(noisy.more) == [1, 2]
     # a rival that ties the pick on the tie-break's keys: the mean decides, so it races
@@ -129,6 +130,20 @@ def test_the_race_stops_for_contenders_that_cannot_change_the_pick():
     low = decision.decide([_c(0, [120, 120.5, 119.8]), _c(1, [100 - (x - 90) for x in lead], non_default=1),
                            _c(2, [100 - (x - 90) + 0.5 for x in rival[::-1]], non_default=2)], False, 0.01, 0.95, 8)
     assert low.pick == 1 and low.relation[2] == "undecided" and low.status == "pick_decided"
+
+
+def test_the_race_stops_when_the_repeat_budget_cannot_decide():
+    """Two configs 1 % apart with a 2 % spread: at 8 repeats each (their means and spreads so far)
+    they would still be neither separated nor equivalent within 1 %, so the race does not spend
+    the launches and says why; with a budget that can decide (200) it races on."""
+    vals = [_c(0, [80, 80.5, 79.8]), _c(1, [90, 92, 88]), _c(2, [89, 91.5, 88.5])]
+    stop = decision.decide(vals, True, 0.01, 0.95, 8)
+    assert stop.status == "undecidable" and not stop.more and stop.tie_group == [1, 2]
+    assert "projected from their means and spreads so far it would still be neither at 8 repeats" in stop.reason
+    assert decision.decide(vals, True, 0.01, 0.95, 200).status == "racing"
+    p = decision.projected([90, 92, 88], 8)
+    assert len(p) == 8 and sum(p) / 8 == pytest.approx(90) and statistics.variance(p) == pytest.approx(4.0)
+    assert decision.projected([90, 92, 88], 7) and statistics.variance(decision.projected([90, 92, 88], 7)) == pytest.approx(4.0)
 
 
 def test_repick_applies_the_serving_check_within_the_tie_group():

@@ -284,7 +284,7 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
                 extra_env: Mapping[str, Mapping[str, str]] | Callable[[dict[str, Any]], Mapping[str, str]] | None = None,
                 force: bool = False, margin: float = 0.01, max_repeats: int | None = None,
                 serving_check: Callable[[Mapping[str, Any]], bool | None] | None = None,
-                simpler_max: int = SIMPLER_MAX, descend: int = 0) -> dict[str, Any]:
+                simpler_max: int = SIMPLER_MAX, descend: int = 0, futility: bool = True) -> dict[str, Any]:
     """Race the top ``k`` configs, up to ``simpler_max`` measured :func:`simplifications` of
     the best of them, and the baseline: ``repeats`` launches each, then one more
     repeat of the leader and of each contender it is neither separated from nor equivalent to
@@ -346,7 +346,7 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
     runner: Runner[int] | None = None
     while not driver.interrupted:
         out = ev.summarize(todo, repeats, confidence, obj, margin=margin, max_repeats=cap,
-                           non_default=nondef, serving_check=serving_check)
+                           non_default=nondef, serving_check=serving_check, futility=futility)
         need = ev.needed(todo, repeats, out)
         if not need and space is not None and _descend(out, todo, derived, recs, space, descend):
             renders = _renders(driver, todo, extra_env)
@@ -371,7 +371,7 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
         log.warning("confirmation interrupted; nothing stored")
         return {}
     out = ev.summarize(todo, repeats, confidence, obj, margin=margin, max_repeats=cap, non_default=nondef,
-                       serving_check=serving_check)
+                       serving_check=serving_check, futility=futility)
     cand_ids = [r.number for r, _ in todo]
     _mark_derived(out, derived)
     if not launched_round and old and old.get("candidates") == cand_ids and ev.same_decision(old, out):
@@ -689,7 +689,8 @@ def summarize(todo: list[tuple[trial_records.TrialRecord, bool]], results: Mappi
               confidence: float, objective: Objective | str = "decode_tok_s", *, margin: float = 0.01,
               max_repeats: int | None = None, tokens: Mapping[int, tuple[bool | None, str]] | None = None,
               non_default: list[int] | None = None,
-              serving_check: Callable[[Mapping[str, Any]], bool | None] | None = None) -> dict[str, Any]:
+              serving_check: Callable[[Mapping[str, Any]], bool | None] | None = None,
+              futility: bool = True) -> dict[str, Any]:
     """Statistics, token comparison, the race's decision, verdicts and the pick (pure; see
     :func:`confirm_top` and the shape in :mod:`sweeps.search.decision`).
 
@@ -729,7 +730,7 @@ def summarize(todo: list[tuple[trial_records.TrialRecord, bool]], results: Mappi
     dec = decision_stats.decide([decision_stats.Contender(e["trial"], [float(v) for v in e["values"]], int(e["launched"]),
                                                           e in eligible, e["is_baseline"], int(e["non_default"]),
                                                           float(e["cost"]), e["serving_ok"], float(e["departure"]))
-                    for e in entries], obj.maximize, margin, confidence, cap,
+                    for e in entries], obj.maximize, margin, confidence, cap, futility=futility,
                    fmt=lambda v: metric_text(obj.name, v))
     winner = next((e for e in entries if e["trial"] == dec.pick), None)
     for e in entries:

@@ -14,7 +14,8 @@ the race, the others are as before::
      "max_repeats" (new: repeat budget per config), "margin" (new: relative equivalence margin),
      "epoch" (new: evidence set; only ``force`` starts a new one),
      "tie_group" (new: trials the decision cannot separate, the pick first),
-     "decision": {"status": "separated" | "equivalent" | "pick_decided" | "budget_spent" | "single",
+     "decision": {"status": "separated" | "equivalent" | "pick_decided" | "budget_spent" |
+                            "undecidable" | "single",
                   "reason": str, "leader": trial, "pick": trial, "tie_group": [trials],
                   "tie_break": str} (new),
      "decision_reason" (new: == decision["reason"]),
@@ -47,7 +48,12 @@ tests (TOST, Schuirmann 1987: the ``1 - 2*alpha`` Welch interval of the differen
 within ``+-margin * |leader mean|``) pass; otherwise *undecided*, and it gets more repeats (with
 the leader and the pick) only while they could change the pick (:func:`can_change_pick`): a
 contender ranked after the pick by the tie-break stops once the pick is shown non-inferior to
-it (one-sided, :func:`non_inferior`), and the decision is then ``pick_decided``.
+it (one-sided, :func:`non_inferior`), and the decision is then ``pick_decided``. With
+``futility`` a contender that the repeat budget cannot decide is not raced on either: projected
+to ``max_repeats`` repeats with its and the leader's means and spreads so far
+(:func:`projected`), it would still be neither separated nor equivalent (nor the pick
+non-inferior to it): stochastic curtailment of a sequential test with the observed effect; the
+decision is then ``undecidable`` (a larger ``max_repeats`` or ``margin`` can decide it).
 The tie group is the leader and every contender not separated from it. The pick within it:
 passes the serving check (True before None before False), then fewer non-default settings,
 then the smaller departure from the baseline's numeric settings (:func:`departure`), then
@@ -265,6 +271,18 @@ def non_inferior(pick: Sequence[float], other: Sequence[float], margin: float, m
     return hi < margin
 
 
+def projected(values: Sequence[float], n: int) -> list[float]:
+    """``n`` values with the mean and sample variance of ``values``: what the race would see after
+    ``n`` repeats if its mean and spread so far held (pairs ``mean +- a``, the mean itself once
+    when ``n`` is odd). ``values`` itself when it has ``n`` or more, or fewer than 2."""
+    if len(values) >= n or len(values) < 2:
+        return list(values)
+    m, v = _mean_var(values)
+    k = n // 2
+    a = math.sqrt(v * (n - 1) / (2 * k))
+    return [m + a] * k + [m - a] * k + ([m] if n % 2 else [])
+
+
 def pick(members: Sequence[Contender], maximize: bool) -> Contender:
     """The tie-break (:data:`TIE_BREAK`): the member that passes the serving check (unchecked
     next, failed last), then with the fewest non-default settings, then the smallest
@@ -324,7 +342,7 @@ def _winner_sentence(m: re.Match[str], c: Contender) -> str:
 
 
 def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confidence: float,
-           max_repeats: int, fmt: Callable[[float], str] = lambda v: f"{v:.4g}") -> Decision:
+           max_repeats: int, fmt: Callable[[float], str] = lambda v: f"{v:.4g}", futility: bool = True) -> Decision:
     """Decide the race from the repeats so far (pure).
 
     Args:
@@ -332,6 +350,8 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
         maximize: the objective's direction.  margin: relative equivalence margin (0.01 = 1 %).
         confidence: interval level.  max_repeats: launches per config before its budget is spent.
         fmt: formats a value for the reason sentence.
+        futility: stop racing a contender the repeat budget cannot decide (projected from the
+            means and spreads so far: ``decidable`` below); False races it to the budget.
     Returns:
         a :class:`Decision`; ``status == "racing"`` with ``more`` = trials to repeat again
         while some contender is undecided and both it and the leader have budget left.
@@ -354,7 +374,22 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     # race on only what can change the pick (can_change_pick): the leader and each such
     # undecided contender get one more repeat while their budget lasts
     open_ = [c for c in undecided if can_change_pick(c, chosen, maximize, margin, confidence)]
-    racers = [lead] + [c for c in [chosen, *open_] if c is not lead] if open_ else []
+
+    def decidable(c: Contender) -> bool:
+        """Whether ``c`` could stop mattering within the repeat budget: projected to
+        ``max_repeats`` with its (and the leader's and the pick's) mean and spread so far, it
+        separates from the leader, is equivalent to it, or the pick is non-inferior to it."""
+        n = max_repeats
+        pl, pc = projected(lead.values, n), projected(c.values, n)
+        if compare(pl, pc, maximize, margin, confidence, family) != "undecided":
+            return True
+        if c is chosen or rank_key(c) == rank_key(chosen):
+            return False
+        pp = projected(chosen.values, n)
+        return non_inferior(pp, pc, abs(chosen.mean) * margin, maximize, confidence)
+    hopeless = [c for c in open_ if futility and not decidable(c)]
+    racing = [c for c in open_ if c not in hopeless]
+    racers = [lead] + [c for c in [chosen, *racing] if c is not lead] if racing else []
     more = list(dict.fromkeys(c.trial for c in racers if c.launched < max_repeats))
     if more:
         return Decision("racing", lead.trial, rel, tie, chosen.trial, more, "racing")
@@ -362,12 +397,20 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     left = [c for c in undecided if c not in open_]
     if len(live) == 1:
         status, reason = "single", f"t{lead.trial} is the only config that passed the confirmation."
-    elif open_:
+    elif open_ and all(c.launched >= max_repeats for c in open_):
         names = ", ".join(f"t{c.trial}" for c in open_)
         status = "budget_spent"
         reason = (f"Repeat budget spent ({max_repeats} per config): t{lead.trial} "
                   f"({fmt(lead.mean)}) is not distinguishable from {names} at {confidence * 100:.0f} %, "
                   f"nor shown equivalent within {pct}.")
+    elif open_:
+        names = ", ".join(f"t{c.trial}" for c in open_)
+        status = "undecidable"
+        reason = (f"Not decidable within the repeat budget ({max_repeats} per config): t{lead.trial} "
+                  f"({fmt(lead.mean)}) is not distinguishable from {names} at {confidence * 100:.0f} %, "
+                  f"nor shown equivalent within {pct}, and projected from their means and spreads so far "
+                  f"it would still be neither at {max_repeats} repeats (not raced on; a larger "
+                  f"sweep.confirm.max_repeats or margin can decide it).")
     elif left:
         status = "pick_decided"
         how = ("is the leader" if chosen is lead

@@ -460,5 +460,6 @@ class SweepLoop:
             from sweeps.search.confirm import confirm_top
 
             out = confirm_top(self, k=c.top_k, repeats=c.repeats, confidence=c.confidence, margin=c.margin,
-                              max_repeats=c.repeat_budget, descend=c.descend if c.race else 0) or {}
+                              max_repeats=c.repeat_budget, descend=c.descend if c.race else 0,
+                              futility=c.futility) or {}
         return out
