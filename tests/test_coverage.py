@@ -265,3 +265,19 @@ def test_the_findings_say_a_quota_is_owed_and_why_it_was_not_paid():
     ctx.stop_reason = "trial budget spent (10 launched)"
     lines = coverage_lines(ctx, paid)
     assert "below the share" not in lines[0] and not any("quota" in x for x in lines)
+
+
+def test_a_level_not_launched_under_an_owed_approach_says_the_quota_is_owed():
+    """``steps`` is active only under EAGLE-3: while EAGLE-3 is still owed launches (or was not
+    paid them), its never-launched levels say so besides their own reason."""
+    ctx = _ctx([])
+    ctx.trial_budget = 10
+    recs = [_rec(i, "none") for i in range(5)] + [_rec(5, "eagle3", steps=1)]
+    text = "\n".join(untried_section(ctx, recs, {}, []))
+    assert ("`steps` (when speculative=['eagle3']): never launched: 2 (not proposed yet; `speculative=eagle3` is "
+            "still owed 2 of its 3 launches)") in text
+    ctx.stop_reason = "wall-time budget spent (480 s)"
+    assert "still owed 2 of its 3 launches: the sweep stopped (wall-time budget spent (480 s)))" in \
+        "\n".join(untried_section(ctx, recs, {}, []))
+    paid = [_rec(i, "none") for i in range(7)] + [_rec(7 + i, "eagle3", steps=1) for i in range(3)]
+    assert "never launched: 2 (not proposed yet)" in "\n".join(untried_section(ctx, paid, {}, []))

@@ -119,6 +119,25 @@ def level_reason(ctx: Context, records: Sequence[trial_records.TrialRecord], kno
     return "not proposed yet"
 
 
+def _owed_note(ctx: Context, launched: Sequence[trial_records.TrialRecord],
+               when: Mapping[str, Any] | None) -> str:
+    """For a knob active only under an approach whose quota is still owed (or was not paid):
+    ``; `speculative=eagle3` is still owed 5 of its 9 launches`` (with ``: the sweep stopped
+    (<reason>)`` once it has), '' otherwise. Its levels were proposed in fewer launches than
+    the quota will give them, which is part of why one is not launched."""
+    ap = ctx.approaches
+    if not ap or not when or ap.get("knob") not in when or ctx.trial_budget is None or ctx.space is None:
+        return ""
+    cov = Coverage(ApproachesConfig(**dict(ap)), ctx.space, ctx.objective, ctx.trial_budget)
+    if sum(cov.counts(launched, ()).values()) >= ctx.trial_budget:
+        return ""
+    owed = {v: n for v, n in cov.owed(launched, ()).items() if v in tuple(when[ap["knob"]])}
+    if not owed:
+        return ""
+    what = ", ".join(f"`{ap['knob']}={v}` is still owed {n} of its {cov.quota()} launches" for v, n in owed.items())
+    return f"; {what}" + (f": the sweep stopped ({ctx.stop_reason})" if ctx.stop_reason else "")
+
+
 def _knob_lines(ctx: Context, records: Sequence[trial_records.TrialRecord],
                 launched: Sequence[trial_records.TrialRecord]) -> list[str]:
     lines: list[str] = []
@@ -135,7 +154,8 @@ def _knob_lines(ctx: Context, records: Sequence[trial_records.TrialRecord],
         never = [v for v in lv if v not in tried]
         if not never:
             continue
-        parts = [f"{v} ({level_reason(ctx, records, p.name, v, ok)})" for v in never]
+        owed = _owed_note(ctx, launched, p.when)
+        parts = [f"{v} ({level_reason(ctx, records, p.name, v, ok)}{owed})" for v in never]
         cond = f" (when {', '.join(f'{k}={list(v)}' for k, v in p.when.items())})" if p.when else ""
         lines.append(f"- `{p.name}`{cond}: never launched: {', '.join(parts)}")
     return lines
