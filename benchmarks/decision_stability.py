@@ -9,7 +9,9 @@ Ray replaced by an inline executor; the emulated node's noise model, no sleeping
 sampler seed and the emulator's noise seed both set to the seed, to the end: the sweep, the
 confirmation race, the serving check. It reads the stored decision (the study's
 ``confirmation`` attribute, :mod:`sweeps.search.confirm`): the winner and the tie group, as
-configs (trial numbers differ between seeds), and the confirmed value. Then it runs the same
+configs (trial numbers differ between seeds), the confirmed value, the configs the race added
+(``sweep.confirm.descend``: one step simpler than its pick, some measured by no trial) and the
+launches (trials + confirmation repeats). Then it runs the same
 command on the finished study again and counts every launch it submits (trials, probes,
 confirmation repeats, serving checks; the README: a finished sweep prints its summary and
 launches nothing).
@@ -104,6 +106,7 @@ def _rerun_launches(spec: Any) -> int:
 def one_seed(seed: int, extra: list[str]) -> dict[str, Any]:
     """Run the campaign for ``seed``, then rerun it; returns its decision and the rerun's launches."""
     from sweeps.app.inprocess import run_in_process
+    from sweeps.search.confirm import DERIVED_BASE, config_record
     from sweeps.store import records
 
     with tempfile.TemporaryDirectory(prefix="servesweep-decision-") as tmp:
@@ -114,6 +117,9 @@ def one_seed(seed: int, extra: list[str]) -> dict[str, Any]:
         study = drv.study
         conf = dict(study.user_attrs.get("confirmation") or {})
         recs = {r.number: r for r in records.load_records(study)}
+        for e in conf.get("entries", []):  # configs only the race measured (its descent)
+            if (r := config_record(list(recs.values()), conf, e.get("trial"))) is not None:
+                recs.setdefault(r.number, r)
         base = dict(spec.sweep.baseline)
         added = _rerun_launches(_spec(seed, Path(tmp), extra))
     winner = conf.get("winner")
@@ -125,6 +131,9 @@ def one_seed(seed: int, extra: list[str]) -> dict[str, Any]:
         "winner_key": records.config_key(recs[winner].params) if winner in recs else None,
         "mean": entry.get("mean"), "ci": entry.get("interval"), "n": entry.get("n"),
         "winner_true": _true_rate(spec, recs[winner].params) if winner in recs else None,
+        "race_added": len(conf.get("derived") or []),
+        "launches": {"trials": sum(1 for r in recs.values() if r.launched and r.number < DERIVED_BASE),
+                     "confirmation": len(conf.get("launches") or [])},
         "best_true_launched": max((v for r in recs.values() if r.launched and r.status == "ok"
                                    and (v := _true_rate(spec, r.params)) is not None), default=None),
         "tie_group": [_label(recs[t].params, base) for t in ties],
@@ -155,14 +164,16 @@ def write(rows: list[dict[str, Any]], summary: dict[str, Any], out: Path, took: 
          "Noise-free: the emulator's model rate of the winner, and the best of every config the seed "
          "launched (what the decision could have found).", "",
          "| seed | winner | confirmed (95 % CI, n) | noise-free winner / best launched | tie group | decision "
-         "| rerun launches |", "|---|---|---|---|---|---|---:|"]
+         "| race-added configs | launches (trials + confirmation) | rerun launches |",
+         "|---|---|---|---|---|---|---:|---:|---:|"]
     for r in rows:
         ci = r["ci"] or [None, None]
         val = f"{r['mean']:.1f} [{ci[0]:.1f}-{ci[1]:.1f}], n={r['n']}" if r["mean"] is not None and None not in ci \
             else str(r["mean"])
         L.append(f"| {r['seed']} | t{r['winner']}: {r['winner_config']} | {val} | "
                  f"{r['winner_true']} / {r['best_true_launched']} | "
-                 f"{'; '.join(r['tie_group'])} | {r['status']} | {r['rerun_added_launches']} |")
+                 f"{'; '.join(r['tie_group'])} | {r['status']} | {r['race_added']} | "
+                 f"{r['launches']['trials']} + {r['launches']['confirmation']} | {r['rerun_added_launches']} |")
     L += ["", f"- distinct tie groups: {summary['distinct_tie_groups']} (same for every seed: "
               f"{summary['same_tie_group']})",
           f"- distinct winners: {summary['distinct_winners']}; winners inside every seed's tie group: "

@@ -192,18 +192,20 @@ def test_corrupt_tokens_on_real_emulated_servers(tmp_path):
 
 
 def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
-    """Two configs 0.3 % apart under 1.5 % noise: the race gives the leader and its close rival
-    more repeats (not the clearly slower config or the baseline), up to the budget, and reports
-    them as a tie group; a rerun launches nothing, a larger budget only adds launches."""
+    """Two configs close under 1.5 % noise, the simpler one (the pick by the tie-break) not the
+    leader: the race gives the leader and the pick more repeats (not the clearly slower config
+    or the baseline), up to the budget, and reports them as a tie group; a rerun launches
+    nothing, a larger budget only adds launches. (Futility off: at 6 repeats this race is not
+    decidable, and the default stops it at once: the next test.)"""
     base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
     a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
     b = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
     slow = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
     study = _study([(base, 82.0, True), (a, 91.0, False), (b, 90.5, False), (slow, 90.0, False)])
-    truth = {records.config_key(base): 82.0, records.config_key(a): 90.0, records.config_key(b): 90.3,
+    truth = {records.config_key(base): 82.0, records.config_key(a): 88.6, records.config_key(b): 91.0,
              records.config_key(slow): 80.0}
     drv = _Driver(tmp_path, study, truth)
-    out = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01)
+    out = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01, futility=False)
     by = {e["trial"]: e for e in out["entries"]}
     assert by[0]["launched"] == 3 and by[3]["launched"] == 3  # separated after the first 3: no race
     assert by[1]["launched"] == by[2]["launched"] == 6  # undecided: raced to the budget
@@ -220,10 +222,10 @@ def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
     assert launches == 3 + 3 + 6 + 6 and len(out["launches"]) == launches
     # rerun at the same settings: the stored evidence answers it, nothing is launched
     drv._trial_task.calls.clear()
-    again = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01)
+    again = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01, futility=False)
     assert not drv._trial_task.calls and again["winner"] == out["winner"]
     # a larger budget adds evidence: the first values stay, only the racing configs get more
-    more = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=8, margin=0.01)
+    more = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=8, margin=0.01, futility=False)
     by2 = {e["trial"]: e for e in more["entries"]}
     assert by2[1]["values"][:6] == by[1]["values"] and by2[0]["values"] == by[0]["values"]
     assert len(drv._trial_task.calls) == 4 and by2[1]["launched"] == by2[2]["launched"] == 8
@@ -233,9 +235,25 @@ def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
     assert nums == list(range(8))
     # a larger initial repeats count asks for the missing repeats only
     drv._trial_task.calls.clear()
-    confirm.confirm_top(drv, k=3, repeats=4, max_repeats=8, margin=0.01)
+    confirm.confirm_top(drv, k=3, repeats=4, max_repeats=8, margin=0.01, futility=False)
     assert sorted(c[0] % 100 for c in drv._trial_task.calls) == [3, 3]  # t0 and t3: their 4th repeat
 
+
+
+def test_the_race_does_not_spend_launches_it_cannot_decide_with(tmp_path):
+    """The same two close configs with futility on (the default): projected from their first 3
+    repeats, 6 could neither separate nor show them equivalent within 1 %, so neither gets more;
+    the decision says so and keeps both in the tie group."""
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
+    b = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
+    study = _study([(base, 82.0, True), (a, 91.0, False), (b, 90.5, False)])
+    truth = {records.config_key(base): 82.0, records.config_key(a): 88.6, records.config_key(b): 91.0}
+    drv = _Driver(tmp_path, study, truth)
+    out = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01)
+    assert [e["launched"] for e in out["entries"]] == [3, 3, 3] and len(drv._trial_task.calls) == 9
+    assert out["decision"]["status"] == "undecidable" and set(out["tie_group"]) == {1, 2}
+    assert "would still be neither at 6 repeats" in out["decision_reason"] and out["winner"] == 1
 
 def test_a_confirmation_stored_before_the_race_is_kept_as_evidence(tmp_path):
     base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
@@ -290,3 +308,153 @@ def test_confirmation_runs_are_named_by_repeat_and_one_evidence_set_is_current(t
     assert len(cur) == 1 and cur[0].data.tags["verdict"] == "winner" and cur[0].data.tags["confirm_epoch"] == "1"
     assert all("verdict" not in r.data.tags for r in runs if r.data.tags.get("current") == "false")
     assert sum(r.data.tags.get("verdict") == "winner" for r in runs) == 1
+
+
+class _Plateau(dict):
+    """True decode tok/s by the CUDA-graph size alone: a plateau of 90 up to 128, then 85.5 at
+    256 and 82 at 512 (the campaign node's shape, tasks/emulator), whatever the allreduce."""
+
+    def __missing__(self, key):
+        g = json.loads(key)["cuda_graph_max_bs"]
+        return 90.0 if g <= 128 else 85.5 if g == 256 else 82.0
+
+
+def _plateau_driver(tmp_path, trials):
+    """A stand-in driver on the smoke sweep with the campaign's CUDA-graph levels and baseline g512."""
+    drv = _Driver(tmp_path, _study_wide(trials), _Plateau())
+    drv.spec = load_spec(compose_cfg(["sweep=smoke", f"tracking.store_dir={tmp_path}",
+                                      "sweep.params.cuda_graph_max_bs.choices=[16,32,64,128,256,512]",
+                                      "sweep.baseline.cuda_graph_max_bs=512"]))
+    return drv
+
+
+def _study_wide(trials):
+    study = optuna.create_study(direction="maximize", study_name="s")
+    dist = {"speculative": optuna.distributions.CategoricalDistribution(["none"]),
+            "allreduce": optuna.distributions.CategoricalDistribution(["nccl", "custom", "flashinfer_fusion"]),
+            "cuda_graph_max_bs": optuna.distributions.CategoricalDistribution([16, 32, 64, 128, 256, 512])}
+    for params, value, base in trials:
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=dist, value=value,
+            user_attrs={"status": "ok", "metrics": {"decode_tok_s": value}, "is_baseline": base}))
+    return study
+
+
+def test_one_step_simplifications_revert_or_step_toward_the_baseline(tmp_path):
+    from sweeps.config.space import parse_space
+
+    space = parse_space({"speculative": {"type": "categorical", "choices": ["none", "eagle3"]},
+                         "cuda_graph_max_bs": {"type": "categorical", "choices": [16, 32, 64, 128, 256, 512]},
+                         "eagle_num_steps": {"type": "int", "low": 1, "high": 5, "when": {"speculative": "eagle3"}},
+                         "eagle_num_draft_tokens": {"type": "int", "low": 2, "high": 8,
+                                                    "when": {"speculative": "eagle3"}}},
+                        [{"name": "fit", "expr": "eagle_num_draft_tokens <= eagle_num_steps + 1",
+                          "when": {"speculative": "eagle3"}}])
+    base = {"speculative": "none", "cuda_graph_max_bs": 512}
+    pick = {"speculative": "eagle3", "cuda_graph_max_bs": 32, "eagle_num_steps": 3, "eagle_num_draft_tokens": 4}
+    got = confirm.one_step_simplifications(pick, base, space)
+    steps = [s for _, s in got]
+    # the draft knobs follow their parent: reverting speculative drops them; no step of the
+    # draft knobs themselves (the baseline has none); the CUDA-graph size: one level, or back
+    assert steps == ["speculative eagle3 -> none", "cuda_graph_max_bs 32 -> 64", "cuda_graph_max_bs 32 -> 512"]
+    assert got[0][0] == {"speculative": "none", "cuda_graph_max_bs": 32}
+    assert got[1][0] == {**pick, "cuda_graph_max_bs": 64}
+    # the baseline itself has nothing simpler; a step that breaks a constraint is left out
+    assert confirm.one_step_simplifications(base, base, space) == []
+    tight = {**pick, "eagle_num_steps": 3, "eagle_num_draft_tokens": 4}
+    base_eagle = {**tight, "cuda_graph_max_bs": 512, "eagle_num_steps": 2}
+    assert [s for _, s in confirm.one_step_simplifications(tight, base_eagle, space)] == \
+        ["cuda_graph_max_bs 32 -> 64", "cuda_graph_max_bs 32 -> 512"]  # steps 3 -> 2 would break fit (4 > 3)
+
+
+def test_the_race_walks_to_the_plateau_member_nearest_the_baseline(tmp_path):
+    """The sweep measured its best at g64 with a custom allreduce (a plateau member). The race
+    adds configs one step simpler than its pick, unmeasured ones included, and the pick walks to
+    g128 with the default allreduce, which no trial measured; g256 separates below it. The
+    added configs are stored, their launches count, and a rerun launches nothing."""
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
+    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    by = {e["trial"]: e for e in out["entries"]}
+    win = by[out["winner"]]
+    assert win["config"] == {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}, out["winner_note"]
+    assert out["winner"] >= confirm.DERIVED_BASE and win["in_study"] is False and win["step"] == "cuda_graph_max_bs 64 -> 128"
+    added = {json.dumps(d["config"], sort_keys=True): d for d in out["derived"]}
+    g256 = next(e for e in out["entries"] if e["config"].get("cuda_graph_max_bs") == 256)
+    assert json.dumps(g256["config"], sort_keys=True) in added and g256["vs_leader"] == "separated"
+    assert all(d["trial"] >= confirm.DERIVED_BASE and not d["in_study"] for d in out["derived"])
+    # every launch is in the stored evidence, with the GPU-seconds it held
+    assert len(out["launches"]) == len(drv._trial_task.calls) and all("gpu_s" in x for x in out["launches"])
+    assert {x["trial"] for x in out["launches"]} == set(by)
+    # the winner resolves to a record although no study trial measured it
+    rec = confirm.config_record(records.load_records(drv.study), out, out["winner"])
+    assert rec is not None and rec.params == win["config"] and rec.metrics["decode_tok_s"] == pytest.approx(win["mean"])
+    # a rerun of the finished race: the same configs, nothing launched
+    drv._trial_task.calls.clear()
+    again = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    assert not drv._trial_task.calls and again["winner"] == out["winner"] and again["derived"] == out["derived"]
+
+
+def test_the_descent_stops_at_its_limit_and_is_off_by_default(tmp_path):
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
+    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, simpler_max=0)
+    assert out["derived"] == [] and {e["trial"] for e in out["entries"]} == {0, 1}
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, simpler_max=0, descend=2, force=True)
+    assert len(out["derived"]) == 2 and len(out["entries"]) == 4
+
+
+def test_a_config_only_the_race_measured_is_logged_under_the_parent_run(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.publish.parent_run import sync_confirmation
+    from sweeps.store.tracking import Tracker
+
+    tr = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "exp", str(tmp_path / "art"))
+    cl = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    tr.parent_run_id = cl.create_run(tr.experiment_id, run_name="parent").info.run_id
+    kids = {1: cl.create_run(tr.experiment_id, run_name="t1").info.run_id}
+    d = confirm.DERIVED_BASE
+    conf = {"epoch": 0, "round": 0, "repeats": 1,
+            "launches": [{"trial": t, "repeat": 0, "round": 0, "status": "ok", "value": 90.0} for t in (1, d)],
+            "entries": [{"trial": 1, "config": {"g": 64}, "verdict": "tie group: not picked"},
+                        {"trial": d, "config": {"g": 128}, "verdict": "winner", "derived_from": 1,
+                         "step": "g 64 -> 128", "in_study": False}]}
+    assert sync_confirmation(tr, "s", conf, "decode_tok_s", kids.get) == 2
+    runs = {r.data.tags["confirms_trial"]: r for r in cl.search_runs([tr.experiment_id])
+            if r.data.tags.get("servesweep.role") == "confirmation"}
+    assert runs[str(d)].data.tags["mlflow.parentRunId"] == tr.parent_run_id
+    assert runs[str(d)].data.tags["derived_from"] == "1" and runs[str(d)].data.tags["step"] == "g 64 -> 128"
+    assert runs["1"].data.tags["mlflow.parentRunId"] == kids[1] and "derived_from" not in runs["1"].data.tags
+
+
+def test_findings_name_the_configs_the_race_added(tmp_path):
+    from sweeps.publish.findings.sections import confirmation_lines
+
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
+    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, simpler_max=0, descend=8)
+    text = "\n".join(confirmation_lines(out))
+    win = next(e for e in out["entries"] if e["trial"] == out["winner"])
+    assert f"| t{out['winner']} (added: t{win['derived_from']}, cuda_graph_max_bs 64 -> 128) |" in text
+    assert f"The race added {len(out['derived'])} config(s)" in text and "no sweep trial had measured" in text
+
+
+def test_the_descent_does_not_relaunch_a_config_the_sweep_saw_fail(tmp_path):
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
+    dead = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}  # its one step simpler, failed
+    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    dist = {"speculative": optuna.distributions.CategoricalDistribution(["none"]),
+            "allreduce": optuna.distributions.CategoricalDistribution(["nccl", "custom", "flashinfer_fusion"]),
+            "cuda_graph_max_bs": optuna.distributions.CategoricalDistribution([16, 32, 64, 128, 256, 512])}
+    drv.study.add_trial(optuna.trial.create_trial(params=dead, distributions=dist, state=optuna.trial.TrialState.PRUNED,
+                                                  user_attrs={"status": "failed", "failure_class": "startup_crash"}))
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, simpler_max=0, descend=8)
+    raced = [json.dumps(e["config"], sort_keys=True) for e in out["entries"]]
+    assert json.dumps(dead, sort_keys=True) not in raced
+    assert {x["trial"] for x in out["launches"]} <= {e["trial"] for e in out["entries"]}
+    assert out["derived"]  # the other one-step simplifications still joined

@@ -61,6 +61,9 @@ def _campaign(tmp_path, seed: int, *extra: str):
 @pytest.mark.slow  # a 30-launch campaign per seed
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_campaign_gives_eagle3_at_least_30_percent_of_its_launches(tmp_path, seed):
+    """EAGLE-3 is paid its 9 of the 30 launches by the end of the trial budget whatever it
+    measures, its draft shapes chosen by TPE; no launch is pinned to it before the launches left
+    (30 - launches so far) no longer exceed what it is owed."""
     drv = _campaign(tmp_path, seed)
     recs = records.load_records(drv.study)
     launched = [r for r in recs if r.launched]
@@ -70,11 +73,59 @@ def test_the_campaign_gives_eagle3_at_least_30_percent_of_its_launches(tmp_path,
     # pinned asks leave the draft shape to TPE: the EAGLE-3 launches are not one shape repeated
     assert len({(r.params["eagle_num_steps"], r.params["eagle_topk"], r.params["eagle_num_draft_tokens"])
                 for r in eagle}) >= 4
-    assert any(t.user_attrs.get(A_APPROACH_QUOTA) == "eagle3" for t in drv.study.trials)
+    pinned = [t.number for t in drv.study.trials if t.user_attrs.get(A_APPROACH_QUOTA) == "eagle3"]
+    assert pinned
+    # a pin is asked with >= 21 launches before it (finished or in flight: all have smaller trial numbers)
+    assert all(sum(r.number < t for r in launched) >= 30 - 9 for t in pinned), (pinned, [r.number for r in launched])
     # every launch is a distinct config (the quota never re-launches a dead end or a finished config)
     assert len({records.config_key(r.params) for r in launched}) == len(launched)
     lines = coverage_lines(context_from_spec(drv.spec, drv.study_name, drv.fingerprint, None), launched)
-    assert lines[0].startswith("- approaches (`speculative`, min share 30 %): none ") and "below the share" not in lines[0]
+    assert lines[0].startswith("- approaches (`speculative`, min share 30 % of the 30-launch trial budget (9 launches), "
+                               "owed by its end): none ") and "below the share" not in lines[0]
+    assert not any("quota" in x for x in lines)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.slow  # the campaign's first launches and a findings write over its 37 296 configs
+def test_a_campaign_stopped_before_its_trial_budget_says_the_quota_was_not_paid(tmp_path):
+    """Stopped by a limit long before its 30 launches (here ``max_asks``, deterministic; a
+    ``wall_time_s`` stop takes the same path), the campaign has not paid EAGLE-3's quota (it
+    falls due only at the end of the trial budget): the findings document says so, with the
+    stop reason and its knob, read from the study."""
+    from sweeps.publish.findings import update_findings
+
+    drv = run_in_process(load_spec(compose_cfg([
+        "backend=instant", "sweep=eagle3_allreduce", "sweep.budget.wall_time_s=null", "sweep.budget.max_asks=12",
+        "sweep.confirm.top_k=0", "sweep.serving_check=false", f"tracking.store_dir={tmp_path}",
+        f"tracking.findings_dir={tmp_path / 'findings'}"])))
+    assert drv.stop_reason == "max_asks reached (12)"
+    recs = records.load_records(drv.study)
+    n = sum(r.launched for r in recs)
+    eagle = sum(r.launched and r.params["speculative"] == "eagle3" for r in recs)
+    assert 0 < n < 21 and eagle < 9, (n, eagle)
+    text = update_findings(drv.spec, drv.study, recs, drv.fingerprint, None, path=tmp_path / "f.md").read_text()
+    assert (f"- quota not paid: `speculative=eagle3` {9 - eagle} more of its 9 launches. The sweep stopped after "
+            f"{n} of its 30-launch trial budget (max_asks reached (12): `sweep.budget.max_asks`)") in text
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow  # a 30-launch campaign
+def test_the_campaign_can_release_eagle3s_quota_once_it_is_separated_below(tmp_path):
+    """Opt-in ``release_below``: EAGLE-3 (about 35 % below plain decoding on this node) has its
+    quota released once one of its launches is ok, then the sampler alone decides; the findings'
+    coverage section states the evidence, and no quota pin follows the release."""
+    drv = _campaign(tmp_path, 0, "sweep.approaches.release_below=0.1")
+    launched = [r for r in records.load_records(drv.study) if r.launched]
+    eagle = [r for r in launched if r.params["speculative"] == "eagle3"]
+    ok = [r for r in eagle if r.status == "ok"]
+    assert ok and len(eagle) / len(launched) < 0.3, (len(eagle), len(launched))
+    lines = coverage_lines(context_from_spec(drv.spec, drv.study_name, drv.fingerprint, None), launched)
+    assert lines[1].startswith("- quota of `speculative=eagle3` released: its best of ") and "% below none's best" in lines[1]
+    first_ok = min(r.number for r in ok)
+    pinned = {t.number for t in drv.study.trials if t.user_attrs.get(A_APPROACH_QUOTA) == "eagle3"}
+    # no quota pin once released (one may have been enqueued while the first ok launch ran)
+    assert len({n for n in pinned if n > first_ok}) <= 1, (sorted(pinned), first_ok)
+    assert not any(x.startswith("- quota owed") or x.startswith("- quota not paid") for x in lines)
 
 
 @pytest.mark.slow
@@ -115,3 +166,118 @@ def test_coverage_lines_count_launches_per_approach_and_level():
                         "below the share: eagle3")
     assert "- `g`: 8 8 (89 %), 64 1 (11 %)" in lines
     assert "- `steps`: 1 1 (50 %), 2 1 (50 %)" in lines  # of the launches that set it (EAGLE-3 only)
+
+
+def _val(n: int, spec: str, value: float, status: str = "ok", **params) -> records.TrialRecord:
+    return records.TrialRecord(n, "COMPLETE", {"speculative": spec, "g": 8, "moe": "none", **params}, status,
+                               {"decode_tok_s": value} if status == "ok" else {})
+
+
+def test_a_quota_is_released_once_the_approach_is_separated_below_the_other():
+    """Opt-in (``release_below``): EAGLE-3 below its share is due; once it has ``release_after``
+    (here 2) ok launches whose best is more than 10 % below plain decoding's best, its quota is
+    released (not due), with the evidence; release_after 1 releases after one; off by default."""
+    cov = Coverage(ApproachesConfig(knob="speculative", min_share=0.3, release_below=0.1, release_after=2), SPACE)
+    plain = [_val(i, "none", 85.0 + i) for i in range(6)]  # best: t5, 90 tok/s
+    one = plain + [_val(6, "eagle3", 58.0, steps=1)]
+    assert cov.due(one, []) == "eagle3" and cov.released(one) == {}  # one ok launch is not enough here
+    assert Coverage(ApproachesConfig(knob="speculative", min_share=0.3, release_below=0.1),
+                    SPACE).due(one, []) is None  # release_after 1
+    assert Coverage(ApproachesConfig(knob="speculative", min_share=0.3), SPACE).released(one) == {}  # off by default
+    failed = one + [_val(7, "eagle3", 0.0, status="failed", steps=2)]
+    assert cov.due(failed, []) == "eagle3"  # a failed launch is no evidence of its speed
+    two = one + [_val(7, "eagle3", 60.0, steps=2)]
+    rel = cov.released(two)
+    assert set(rel) == {"eagle3"} and rel["eagle3"]["trial"] == 7 and rel["eagle3"]["other_trial"] == 5
+    assert rel["eagle3"]["gap"] == pytest.approx(1 - 60.0 / 90.0) and rel["eagle3"]["launches"] == 2
+    assert cov.due(two, []) is None  # 2 of 8 launches, below its share, but released
+    # within the margin (> 90 % of the plain best) it stays due
+    close = one + [_val(7, "eagle3", 82.0, steps=2)]
+    assert cov.released(close) == {} and cov.due(close, []) == "eagle3"
+    # release off: the quota holds whatever the evidence
+    off = Coverage(ApproachesConfig(knob="speculative", min_share=0.3, release_below=None), SPACE)
+    assert off.released(two) == {} and off.due(two, []) == "eagle3"
+    # a minimised objective: released when its best is more than 10 % *above* the other's
+    from sweeps.config.objective import Objective
+
+    lat = Coverage(ApproachesConfig(knob="speculative", min_share=0.3, release_below=0.1, release_after=2), SPACE,
+                   Objective("decode_tok_s", "minimize"))
+    assert set(lat.released(two)) == {"none"}  # plain decoding's best (85) is > 10 % above EAGLE-3's (58)
+
+
+def test_the_findings_state_the_evidence_of_a_released_quota():
+    recs = [_val(i, "none", 85.0 + i) for i in range(6)] + [_val(6, "eagle3", 58.0, steps=1),
+                                                             _val(7, "eagle3", 60.0, steps=2)]
+    ctx = _ctx([])
+    ctx.approaches = {**ctx.approaches, "release_below": 0.1, "release_after": 2}
+    lines = coverage_lines(ctx, recs)
+    assert lines[0].startswith("- approaches (`speculative`, min share 30 %): none 6 (75 %), eagle3 2 (25 %)")
+    assert lines[1] == ("- quota of `speculative=eagle3` released: its best of 2 ok launches, t7 60.0 tok/s, is 33 % "
+                        "below none's best t5 90.0 tok/s (more than the 10 % release margin, after at least 2 ok "
+                        "launches): the sampler alone chooses from here")
+    assert not any("released" in x for x in coverage_lines(_ctx([]), recs[:6]))  # no EAGLE-3 evidence: nothing released
+
+
+def test_the_quota_is_owed_by_the_end_of_the_trial_budget():
+    """With a trial budget of 10 and min share 0.3, EAGLE-3 is owed 3 launches: the sampler
+    decides while the launches left exceed what is owed, then EAGLE-3 is due until it is paid;
+    in-flight launches count as launches."""
+    cov = Coverage(ApproachesConfig(knob="speculative", min_share=0.3), SPACE, budget=10)
+    assert cov.quota() == 3
+    assert Coverage(ApproachesConfig(knob="speculative", min_share=0.3), SPACE, budget=30).quota() == 9  # not 10
+    six = [_rec(i, "none") for i in range(6)]
+    assert cov.owed(six, []) == {"eagle3": 3} and cov.due(six, []) is None  # 4 left > 3 owed: exploit
+    seven = [_rec(i, "none") for i in range(7)]
+    assert cov.due(seven, []) == "eagle3"  # 3 left, 3 owed
+    assert cov.due(six, [{"speculative": "none"}]) == "eagle3"  # the same with one launch in flight
+    paid_one = seven[:6] + [_rec(6, "eagle3", steps=1)]
+    assert cov.owed(paid_one, []) == {"eagle3": 2} and cov.due(paid_one, []) is None  # 3 left > 2 owed
+    assert cov.due(paid_one + [_rec(7, "none")], []) == "eagle3"  # 2 left, 2 owed
+    paid = [_rec(i, "none") for i in range(4)] + [_rec(4 + i, "eagle3", steps=1) for i in range(3)]
+    assert cov.owed(paid, []) == {} and cov.due(paid, []) is None  # paid (3 left): the sampler decides
+    # both owed (min share 0.5: the whole budget is owed): the one owed most first
+    both = Coverage(ApproachesConfig(knob="speculative", min_share=0.5), SPACE, budget=10)
+    assert both.due([_rec(0, "none"), _rec(1, "none"), _rec(2, "eagle3")], []) == "eagle3"  # owed 3 and 4
+    assert both.due([_rec(0, "eagle3"), _rec(1, "eagle3"), _rec(2, "none")], []) == "none"
+    assert both.due([], []) == "none"  # a tie: the knob's level order
+    # without a trial budget the quota is a running one (due as soon as a level is below its share)
+    assert Coverage(ApproachesConfig(knob="speculative", min_share=0.3), SPACE).due(six, []) == "eagle3"
+
+
+def test_the_findings_say_a_quota_is_owed_and_why_it_was_not_paid():
+    """While the sweep runs the coverage section says what is still owed; after a stop before the
+    trial budget it says the quota was not paid, with the stop reason and its knob; nothing once
+    paid."""
+    ctx = _ctx([])
+    ctx.trial_budget = 10
+    recs = [_rec(i, "none") for i in range(5)] + [_rec(5, "eagle3", steps=1)]
+    lines = coverage_lines(ctx, recs)
+    assert lines[0] == ("- approaches (`speculative`, min share 30 % of the 10-launch trial budget (3 launches), "
+                        "owed by its end): none 5 (83 %), eagle3 1 (17 %); below the share: eagle3")
+    assert lines[1] == ("- quota owed: `speculative=eagle3` 2 more of its 3 launches by the end of the 10-launch "
+                        "trial budget (6 launched; the sampler chooses freely while the launches left exceed what "
+                        "is owed)")
+    ctx.stop_reason = "wall-time budget spent (480 s)"
+    line = coverage_lines(ctx, recs)[1]
+    assert line.startswith("- quota not paid: `speculative=eagle3` 2 more of its 3 launches. The sweep stopped after "
+                           "6 of its 10-launch trial budget (wall-time budget spent (480 s): `sweep.budget.wall_time_s`)")
+    paid = [_rec(i, "none") for i in range(7)] + [_rec(7 + i, "eagle3", steps=1) for i in range(3)]
+    ctx.stop_reason = "trial budget spent (10 launched)"
+    lines = coverage_lines(ctx, paid)
+    assert "below the share" not in lines[0] and not any("quota" in x for x in lines)
+
+
+def test_a_level_not_launched_under_an_owed_approach_says_the_quota_is_owed():
+    """``steps`` is active only under EAGLE-3: while EAGLE-3 is still owed launches (or was not
+    paid them), its never-launched levels say so besides their own reason."""
+    ctx = _ctx([])
+    ctx.trial_budget = 10
+    recs = [_rec(i, "none") for i in range(5)] + [_rec(5, "eagle3", steps=1)]
+    text = "\n".join(untried_section(ctx, recs, {}, []))
+    assert ("`steps` (when speculative=['eagle3']): never launched: 2 (not proposed yet; `speculative=eagle3` is "
+            "still owed 2 of its 3 launches)") in text
+    ctx.stop_reason = "wall-time budget spent (480 s)"
+    assert "still owed 2 of its 3 launches: the sweep stopped (wall-time budget spent (480 s)))" in \
+        "\n".join(untried_section(ctx, recs, {}, []))
+    paid = [_rec(i, "none") for i in range(7)] + [_rec(7 + i, "eagle3", steps=1) for i in range(3)]
+    assert "never launched: 2 (not proposed yet)" in "\n".join(untried_section(ctx, paid, {}, []))

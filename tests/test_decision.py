@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 from scipy import stats
@@ -77,7 +78,7 @@ def test_decide_separated_equivalent_budget_and_racing():
     assert (sep.status, sep.leader, sep.pick, sep.tie_group) == ("separated", 1, 1, [1])
     assert sep.relation == {1: "leader", 2: "separated", 0: "separated"} and not sep.more
     # undecided with budget left: the leader and the undecided contender race on, the separated one does not
-    race = decision.decide([_c(0, [80, 80.5, 79.8]), _c(1, [90, 92, 88]), _c(2, [89, 91.5, 88.5])], True, 0.01, 0.95, 8)
+    race = decision.decide([_c(0, [80, 80.5, 79.8]), _c(1, [90, 91, 89]), _c(2, [88.5, 89.5, 87.5])], True, 0.01, 0.95, 8)
     assert race.status == "racing" and sorted(race.more) == [1, 2]
     # the same at the budget: a tie group, picked by the tie-break (fewer non-default settings)
     full = [_c(0, [80, 80.5, 79.8] * 2), _c(1, [90, 92, 88] * 2, non_default=3), _c(2, [89, 91.5, 88.5] * 2, non_default=1)]
@@ -94,6 +95,55 @@ def test_decide_separated_equivalent_budget_and_racing():
     # ineligible configs never lead; nothing eligible: no decision
     assert decision.decide([_c(5, [99, 99.1], eligible=False), _c(6, [80, 80.2])], True, 0.01, 0.95, 4).pick == 6
     assert decision.decide([_c(5, [99, 99.1], eligible=False)], True, 0.01, 0.95, 4).pick is None
+
+
+def test_the_race_stops_for_contenders_that_cannot_change_the_pick():
+    """The leader is the pick (fewest non-default settings) and a rival ranked after it by the
+    tie-break is undecided (neither separated nor equivalent) but cannot be better than the pick
+    by more than the margin (non-inferiority): it is not raced on, and the decision says so. A
+    rival that might still be better by more than the margin, one that ties the pick on the
+    tie-break's keys, or a pick that is not the leader, is raced on."""
+    lead = [89.6, 90.0, 90.4]
+    rival = [89.1, 89.5, 89.9]  # 0.5 below: not separated, not within 1 % by TOST, not better by 1 %
+    base = _c(0, [80, 80.5, 79.8])
+    assert decision.compare(lead, rival, True, 0.01, 0.95, decision.separation_confidence(0.95, 2)) == "undecided"
+    assert decision.non_inferior(lead, rival, 0.9, True, 0.95) and not decision.non_inferior(rival, lead, 0.3, True, 0.95)
+    done = decision.decide([base, _c(1, lead, non_default=1), _c(2, rival, non_default=2)], True, 0.01, 0.95, 8)
+    assert done.status == "pick_decided" and done.pick == 1 and not done.more
+    assert done.relation[2] == "undecided" and done.tie_group == [1, 2]
+    assert "t2 neither separated from t1 nor shown equivalent, but ranked after the pick" in done.reason
+    # further from the baseline's numeric settings ranks after too
+    far = decision.decide([base, _c(1, lead, non_default=1, departure=2.0), _c(2, rival, non_default=1, departure=3.0)],
+                          True, 0.01, 0.95, 8)
+    assert far.status == "pick_decided" and far.pick == 1
+    # noisier: the rival might still be more than 1 % better than the pick, so both race
+    noisy = decision.decide([base, _c(1, [90, 91, 89], non_default=1), _c(2, [89.5, 90.5, 88.5], non_default=2)],
+                            True, 0.01, 0.95, 8)
+    assert noisy.status == "racing" and sorted(noisy.more) == [1, 2]
+    # a rival that ties the pick on the tie-break's keys: the mean decides, so it races
+    tie = decision.decide([base, _c(1, lead, non_default=1), _c(2, rival, non_default=1)], True, 0.01, 0.95, 8)
+    assert tie.status == "racing" and sorted(tie.more) == [1, 2]
+    # the pick is not the leader: it may separate below the leader, so both race
+    simpler = decision.decide([base, _c(1, lead, non_default=2), _c(2, rival, non_default=1)], True, 0.01, 0.95, 8)
+    assert simpler.status == "racing" and simpler.pick == 2 and sorted(simpler.more) == [1, 2]
+    # minimising: the same rule with the direction reversed (lower is better)
+    low = decision.decide([_c(0, [120, 120.5, 119.8]), _c(1, [100 - (x - 90) for x in lead], non_default=1),
+                           _c(2, [100 - (x - 90) + 0.5 for x in rival[::-1]], non_default=2)], False, 0.01, 0.95, 8)
+    assert low.pick == 1 and low.relation[2] == "undecided" and low.status == "pick_decided"
+
+
+def test_the_race_stops_when_the_repeat_budget_cannot_decide():
+    """Two configs 1 % apart with a 2 % spread: at 8 repeats each (their means and spreads so far)
+    they would still be neither separated nor equivalent within 1 %, so the race does not spend
+    the launches and says why; with a budget that can decide (200) it races on."""
+    vals = [_c(0, [80, 80.5, 79.8]), _c(1, [90, 92, 88]), _c(2, [89, 91.5, 88.5])]
+    stop = decision.decide(vals, True, 0.01, 0.95, 8)
+    assert stop.status == "undecidable" and not stop.more and stop.tie_group == [1, 2]
+    assert "projected from their means and spreads so far it would still be neither at 8 repeats" in stop.reason
+    assert decision.decide(vals, True, 0.01, 0.95, 200).status == "racing"
+    p = decision.projected([90, 92, 88], 8)
+    assert len(p) == 8 and sum(p) / 8 == pytest.approx(90) and statistics.variance(p) == pytest.approx(4.0)
+    assert decision.projected([90, 92, 88], 7) and statistics.variance(decision.projected([90, 92, 88], 7)) == pytest.approx(4.0)
 
 
 def test_repick_applies_the_serving_check_within_the_tie_group():
@@ -185,3 +235,21 @@ def test_simplifications_are_measured_configs_between_the_leader_and_the_baselin
     assert [r.number for r in simplifications(recs, lead, base, n=5)] == [3, 2, 6]
     assert simplifications(recs, lead, None) == [] and simplifications(recs, lead, base, n=0) == []
     assert [r.number for r in simplifications(recs, lead, base, n=2, exclude={records.config_key(recs[3].params)})] == [2, 6]
+
+
+def test_separation_from_many_contenders_is_bonferroni_adjusted():
+    """The leader is the largest of several noisy means: a difference that separates one rival
+    at 95 % does not separate it when the leader is compared with four (Bonferroni, 98.75 %)."""
+    lead = [91.0, 90.0, 92.0, 91.0, 90.5]
+    rival = [89.8, 90.3, 89.3, 90.4, 89.7]
+    far = [80.0, 80.4, 79.7, 80.2, 80.1]
+    assert decision.separation_confidence(0.95, 4) == pytest.approx(0.9875)
+    assert decision.separation_confidence(0.95, 1) == decision.separation_confidence(0.95, 0) == 0.95
+    two = decision.decide([_c(1, lead), _c(2, rival)], True, 0.01, 0.95, 5)
+    assert two.relation[2] == "separated" and two.status == "separated" and "Bonferroni" not in two.reason
+    five = decision.decide([_c(1, lead), _c(2, rival), _c(3, far), _c(4, [v - 1 for v in far]),
+                            _c(5, [v - 2 for v in far])], True, 0.01, 0.95, 5)
+    assert five.relation[2] == "undecided" and five.status == "budget_spent" and 2 in five.tie_group
+    assert all(five.relation[t] == "separated" for t in (3, 4, 5))
+    three = decision.decide([_c(1, lead), _c(3, far), _c(4, [v - 1 for v in far])], True, 0.01, 0.95, 5)
+    assert three.status == "separated" and "Bonferroni over 2 comparisons" in three.reason

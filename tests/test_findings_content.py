@@ -253,3 +253,13 @@ def test_a_tie_at_the_race_cap_asks_for_a_higher_cap_not_more_repeats(tmp_path):
     sec = render_section(ctx(tmp_path, conf=conf), sweep())[0].split("### Next steps")[1]
     assert "overlaps t1 88.6 (83.3–93.9) at 8 repeats, the race's cap" in sec
     assert "sweep.confirm.max_repeats=16" in sec and "sweep.confirm.repeats=" not in sec
+
+
+def test_a_tie_the_race_could_not_decide_asks_for_a_higher_cap(tmp_path):
+    """A race stopped as undecidable (its cap could not decide the tie, projected) before the
+    cap: the next step raises the cap, and says the race stopped early."""
+    conf = {**CONF, "max_repeats": 8, "decision": {"status": "undecidable"},
+            "entries": [{**e, "n": 3} for e in CONF["entries"]]}
+    sec = render_section(ctx(tmp_path, conf=conf), sweep())[0].split("### Next steps")[1]
+    assert "at 3 repeats (the race stopped: 8 could not decide them)" in sec
+    assert "sweep.confirm.max_repeats=16" in sec and "sweep.confirm.repeats=" not in sec

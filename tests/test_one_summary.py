@@ -294,3 +294,50 @@ def test_a_second_member_check_reuses_the_baselines_load_search_and_is_kept(swep
         drv.executor.submit = submit
         serving_checks.run_serving_check(drv, recs[check["winner_trial"]], recs[check["baseline_trial"]])
     assert len(calls) == 1 and dict(drv.study.user_attrs[serving_checks.ATTR])["winner_trial"] == check["winner_trial"]
+
+
+def test_a_winner_only_the_race_measured_is_the_winner_everywhere(tmp_path):
+    """The race's descent (``sweep.confirm.descend``) can pick a config no sweep trial measured:
+    the console, the findings, the MLflow parent (best trial, deploy command) and its
+    confirmation runs (nested under the parent run) all name it, and its launches are booked."""
+    from sweeps.app import inprocess
+    from sweeps.app.lifecycle import execute
+    from sweeps.search.confirm import DERIVED_BASE
+
+    for seed in (1, 0, 2, 3):  # the smoke space is small: not every seed's winner needs the descent
+        store = tmp_path / f"s{seed}"
+        spec = load_spec(compose_cfg([
+            "backend=instant", "sweep=smoke", "sweep.budget.trials=5", "sweep.confirm.top_k=1", "sweep.confirm.repeats=2",
+            "sweep.confirm.race=true", "+sweep.confirm.max_repeats=4", "+sweep.confirm.descend=6",
+            "sweep.baseline.cuda_graph_max_bs=512", "sweep.params.cuda_graph_max_bs.choices=[16,64,128,256,512]",
+            f"sweep.sampler.seed={seed}", f"backend.emulator.seed={seed}", f"tracking.store_dir={store}",
+            f"tracking.findings_dir={store / 'findings'}"]))
+        drv = inprocess.InProcessDriver(spec, track=True, findings=True)
+        execute(drv)
+        conf = drv.study.user_attrs["confirmation"]
+        if conf["winner"] >= DERIVED_BASE:
+            break
+    else:
+        pytest.fail("no seed's race picked a config only it measured")
+    win = conf["winner"]
+    entry = next(e for e in conf["entries"] if e["trial"] == win)
+    assert entry["in_study"] is False and win not in {t.number for t in drv.study.trials}
+    s = summary_of_study(spec, drv.study)
+    assert s.winner == win and s.winner_value.value == pytest.approx(entry["mean"])
+    assert f"**t{win}: {entry['mean']:.1f} tok/s**" in spec.findings_path.read_text()
+    assert f"(added: t{entry['derived_from']}, {entry['step']})" in spec.findings_path.read_text()
+    # every confirmation launch booked, the race's own configs too
+    assert s.gpu.confirmations == pytest.approx(sum(x["gpu_s"] for x in conf["launches"]) / 3600)
+    assert sum(x["trial"] == win for x in conf["launches"]) == entry["launched"] > 0
+    client = MlflowClient(tracking_uri=spec.mlflow_uri)
+    exp = client.get_experiment_by_name(spec.sweep.name)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parent = next(r for r in runs if r.data.tags.get("servesweep.role") == "study")
+    assert parent.data.tags["best_trial"] == str(win) and parent.data.tags["confirmed_trial"] == str(win)
+    g = entry["config"]["cuda_graph_max_bs"]
+    assert f"--cuda-graph-max-bs-decode {g}" in parent.data.tags["best_launch_command"]
+    mine = [r for r in runs if r.data.tags.get("servesweep.role") == "confirmation"
+            and r.data.tags.get("confirms_trial") == str(win)]
+    assert len(mine) == entry["launched"]
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id and r.data.tags["step"] == entry["step"]
+               for r in mine)

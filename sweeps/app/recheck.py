@@ -201,7 +201,9 @@ def _confirmed_best(source_study: optuna.Study, records: list[trial_records.Tria
     values = {int(e["trial"]): float(e["mean"]) for e in conf.get("entries", [])
               if e.get("n") and isinstance(e.get("mean"), int | float)}
     win = conf.get("winner")
-    best = next((r for r in records if r.number == win), None) if win is not None else None
+    from sweeps.search.confirm import config_record
+
+    best = config_record(records, conf, win)
     return best or trial_records.best_record(records, objective), values
 
 
@@ -288,10 +290,15 @@ class RecheckSearcher(Searcher):
         self.not_rerun = [d for d in all_ends if here is not None and d.fingerprint_hash == here]
         self.dead_ends = [d for d in all_ends if d not in self.not_rerun]
         dists = {t.number: t.distributions for t in src.get_trials(deepcopy=False)}
+        space: dict[str, Any] = {}  # every knob's distribution, for a canary only the confirmation measured
+        for ds in dists.values():
+            for k, v in ds.items():
+                space.setdefault(k, v)
         for d in self.dead_ends:
+            own = dists.get(d.source_trial) or {k: space[k] for k in d.params if k in space}
             self.study.enqueue_trial(
                 d.params, user_attrs={A_RECHECK: asdict(d),
-                                      A_DISTS: {k: distribution_to_json(v) for k, v in dists[d.source_trial].items()}},
+                                      A_DISTS: {k: distribution_to_json(v) for k, v in own.items()}},
                 skip_if_exists=True)
         log.info("recheck of %s on %s: %d dead end(s)/canaries to re-run, %d learned on this environment (not re-run)",
                  source, self.study_name, len(self.dead_ends), len(self.not_rerun))

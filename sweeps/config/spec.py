@@ -155,8 +155,9 @@ class ConfirmConfig(_Model):
     """Winner confirmation (sweeps/search/confirm.py, statistics in sweeps/search/decision.py):
     re-launch the top ``top_k`` configs and the baseline ``repeats`` times each, then race
     them: one more repeat of the leader and of each contender not yet separated from it (Welch
-    interval at ``confidence``) nor equivalent within ``margin`` (TOST), until decided or each
-    config has ``max_repeats`` launches. Greedy output tokens must equal the baseline's.
+    interval at ``confidence``) nor equivalent within ``margin`` (TOST), while it could change
+    the pick and ``max_repeats`` could decide it (``futility``), until decided or each config
+    has ``max_repeats`` launches. Greedy output tokens must equal the baseline's.
     ``top_k: 0`` turns it off. Repeats accumulate in the study: a rerun launches only what
     larger ``repeats`` / ``max_repeats`` ask for.
 
@@ -173,6 +174,17 @@ class ConfirmConfig(_Model):
     #: relative equivalence margin of the race (0.01 = 1 % of the leader's mean)
     margin: float = Field(default=0.01, gt=0, lt=0.5)
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    #: configs one step simpler than the race's pick that the race may add and launch, measured
+    #: in the sweep or not (sweeps/search/confirm.py ``descend``; 0 = off): on a plateau of
+    #: equivalent configs the pick walks to the member nearest the baseline whichever member
+    #: the sweep measured best. Each costs ``repeats`` to ``max_repeats`` launches.
+    descend: int = Field(default=0, ge=0, le=20)
+    #: stop racing a contender the repeat budget cannot decide: projected to ``max_repeats`` with
+    #: its mean and spread so far, it would be neither separated nor equivalent (stochastic
+    #: curtailment). At 1.5 % noise and a 1 % margin, plateau members are such contenders; on the
+    #: campaign it cut the race from 34-59 to 28-45 launches per seed with the same decision
+    #: (benchmarks/decision_stability.py, 5 seeds). false: race every undecided config to the budget.
+    futility: bool = True
 
     @model_validator(mode="after")
     def _budget_covers_repeats(self) -> ConfirmConfig:
@@ -194,13 +206,24 @@ class ConfirmConfig(_Model):
 class ApproachesConfig(_Model):
     """The approaches a sweep exists to compare: each level of one categorical knob is an
     approach (the campaign: ``speculative`` none vs eagle3), and the sampler gives each at
-    least ``min_share`` of the sweep's launched trials (:mod:`sweeps.search.coverage`).
+    least ``min_share`` of the sweep's trial budget by its end: the sampler exploits freely while
+    the launches left exceed what the approaches are still owed (:mod:`sweeps.search.coverage`).
 
     ``min_share`` x the number of levels must not exceed 1. The default 0.3 is the campaign's
-    goal (issue 22: >= 30 % of its launches for EAGLE-3)."""
+    goal (issue 22: >= 30 % of its launches for EAGLE-3). Opt-in: the quota of an approach is
+    released once the evidence answers the comparison (``release_below``, ``release_after``),
+    so a node where it clearly loses does not pay for the rest of its quota."""
 
     knob: str = Field(min_length=1)
     min_share: float = Field(default=0.3, gt=0, le=1)
+    #: an approach's quota is released once its best measurement lies more than this fraction
+    #: below another approach's best (null, the default: never released). 0.10 is several times the
+    #: difference of two single measurements at the 1-3 % run-to-run noise (DESIGN; the
+    #: emulated node: 1.5 %, tasks/emulator/profile.py): sd of a difference 2.1-4.2 %.
+    release_below: float | None = Field(default=None, gt=0, lt=1)
+    #: ... and it has at least this many ok launches. 1: a single measurement that far below is
+    #: already separated from noise (the difference's sd above)
+    release_after: int = Field(default=1, ge=1)
 
 
 class SweepConfig(_Model):

@@ -124,7 +124,8 @@ def sync_confirmation(tracker: Tracker, study_name: str, confirmation: Mapping[s
                       objective: str, run_id_of: Callable[[int], str | None],
                       context: Mapping[str, str] | None = None) -> int:
     """One MLflow run per confirmation launch, nested under the confirmed trial's run
-    (``mlflow.parentRunId`` = that run, tag ``servesweep.role=confirmation``), named by trial
+    (``mlflow.parentRunId`` = that run; the study's parent run for a config only the race
+    measured, ``derived_from`` tagged), tag ``servesweep.role=confirmation``), named by trial
     and repeat (``t013 confirm r2``; repeats count over all rounds of the evidence): FINISHED
     with ``<objective>`` for a repeat that measured, FAILED for one that did not, tagged with
     ``context`` too (``backend``, ``node_profile``: as the trial runs are), ``confirm_round``
@@ -145,6 +146,8 @@ def sync_confirmation(tracker: Tracker, study_name: str, confirmation: Mapping[s
     for x in confirm_launches(conf):
         trial = int(x["trial"])
         parent = run_id_of(trial) if trial in entry else None
+        if parent is None and trial in entry and entry[trial].get("in_study") is False:
+            parent = tracker.parent_run_id  # a config only the race measured: no trial run to nest under
         if parent is None:
             continue
         key = f"{study_name}/confirm/e{epoch}/{trial}/{x['repeat']}"
@@ -179,7 +182,9 @@ def _log_confirm_run(tracker: Tracker, key: str, parent: str, e: Mapping[str, An
     ok = x.get("status") == "ok" and x.get("value") is not None
     tags = {**extra, "mlflow.parentRunId": parent, "servesweep.role": CONFIRM_ROLE, "confirm_key": key,
             "servesweep.study_run": tracker.parent_run_id or "", "confirms_trial": str(e["trial"]),
-            "repeat": str(rep), "status": "ok" if ok else "failed"}
+            "repeat": str(rep), "status": "ok" if ok else "failed",
+            "derived_from": str(e["derived_from"]) if e.get("derived_from") is not None else "",
+            "step": str(e.get("step") or "")}
     if not ok:
         tags["failure_class"] = str(x.get("failure") or "") or ", ".join(e.get("failures") or []) or "failed"
     run = retry(lambda: tracker.client.create_run(
@@ -219,7 +224,9 @@ def log_truth(tracker: Tracker, spec: Any, study_name: str, study: Any, recs: li
         log.warning("could not log the confirmation runs to MLflow: %s", e)
     if ct.get("confirmed_trial"):
         number = int(ct["confirmed_trial"])
-        winner = next((r for r in recs if r.number == number), None)
+        from sweeps.search.confirm import config_record
+
+        winner = config_record(recs, conf, number)  # also a config only the race measured
         if winner is not None:
             cmd = deploy_command_for(spec, winner.params) or ""
             tags.update(best_trial=str(number), best_launch_command=cmd, confirmed_launch_command=cmd)
@@ -243,7 +250,9 @@ def relog(spec: Any, study: Any, study_name: str, parent_run_id: str) -> None:
     objs = spec.objective_set
     recs = trial_records.load_records(study)
     conf = study.user_attrs.get("confirmation") or {}
-    best = next((r for r in recs if r.number == conf.get("winner")), None) or trial_records.best_record(recs, objs)
+    from sweeps.search.confirm import config_record
+
+    best = config_record(recs, conf, conf.get("winner")) or trial_records.best_record(recs, objs)
     progress = Progress(study_name, spec.sweep.budget.trials, objective=objs.primary,
                         deploy=lambda p: deploy_command_for(spec, p), node=node_label(spec),
                         emulated=is_emulated(spec))

@@ -332,7 +332,9 @@ def _confirm_gpu_s(conf: Mapping[str, Any] | None, recs: Sequence[trial_records.
     if isinstance(launches, list):  # priced per launch at its config's own sweep launch
         for x in launches:
             r = by_num.get(int(x.get("trial", -1)))
-            if r is not None:
+            if _finite(x.get("gpu_s")) is not None:  # recorded (every launch of a config only the race measured)
+                total += float(x["gpu_s"])
+            elif r is not None:
                 total += max(float(r.timings.get("gpu_s") or 0.0) - float((r.probe or {}).get("gpu_s") or 0.0), 0.0)
                 priced = True
         return total, priced
@@ -375,7 +377,9 @@ def build_summary(study: str, objective: Objective, recs: Sequence[trial_records
     winner = best_of(recs, conf, obj)
     entry: Mapping[str, Any] | None = None
     if conf and conf.get("winner") is not None:
-        winner = next((r for r in recs if r.number == conf["winner"]), winner)
+        from sweeps.search.confirm import config_record
+
+        winner = config_record(list(recs), conf, conf["winner"]) or winner
         entry = next((e for e in conf.get("entries", []) if e.get("trial") == conf["winner"]), None)
     wv = measured(winner, conf, obj) if winner is not None else Measured(None)
     speedup: float | None = None

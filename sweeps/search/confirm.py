@@ -41,6 +41,10 @@ CONFIRM_BASE = 10_000_000
 #: took the seeds' distinct winners from 4 to 3 (benchmarks/results/decision_stability.md);
 #: only measured configs can join, which is what still lets the winner vary by seed.
 SIMPLER_MAX = 2
+#: Configs the race itself adds (:func:`one_step_simplifications` of its pick) that no study
+#: trial measured are numbered from here: far above a study's trial numbers (``max_asks`` is at
+#: most thousands), and CONFIRM_BASE + number * 100 + repeat stays unique.
+DERIVED_BASE = 90_000
 
 
 def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
@@ -181,15 +185,116 @@ def simplifications(records: list[trial_records.TrialRecord], leader: trial_reco
     return out
 
 
+def one_step_simplifications(params: Mapping[str, Any], base: Mapping[str, Any], space: Any,
+                              ) -> list[tuple[dict[str, Any], str]]:
+    """The configs one step simpler than ``params``: per knob that differs from ``base``, the
+    knob moved one level toward the baseline's value (numbers: the nearest level of the knob's
+    grid strictly between the two) and the knob reverted to the baseline's value. Conditional
+    knobs follow their parent (:meth:`sweeps.config.space.SearchSpace.normalize`); a config
+    that breaks a constraint of the space or has no valid value is left out.
+
+    Args:
+        params / base: a config and the baseline config (knob -> value).
+        space: the sweep's :class:`sweeps.config.space.SearchSpace`.
+    Returns:
+        ``(config, step)`` pairs in the space's knob order, the step as ``"knob a -> b"``.
+    """
+    from sweeps.config.space import SpaceError
+
+    out: list[tuple[dict[str, Any], str]] = []
+    seen: set[str] = set()
+    for p in space.params:
+        k = p.name
+        v, b = params.get(k), base.get(k)
+        if k not in params or k not in base or v == b:
+            continue
+        moves = [b]
+        if decision_stats.is_number(v) and decision_stats.is_number(b):
+            try:
+                levels = [x for x in p.levels() if decision_stats.is_number(x) and min(v, b) < x < max(v, b)]
+            except SpaceError:  # a continuous float has no next level: only the revert
+                levels = []
+            if levels:
+                moves.insert(0, min(levels, key=lambda x: abs(x - v)))
+        for m in moves:
+            cand = {**base, **params, k: m}
+            try:
+                cand = space.normalize(cand)
+            except SpaceError:
+                continue
+            key = trial_records.config_key(cand)
+            if space.violated(cand) or key in seen:
+                continue
+            seen.add(key)
+            out.append((cand, f"{k} {v} -> {m}"))
+    return out
+
+
+def _derived_records(stored: list[Mapping[str, Any]], recs: list[trial_records.TrialRecord],
+                     ) -> list[trial_records.TrialRecord]:
+    """The race-added configs of a stored confirmation (``derived``) as records to race again:
+    the study's trial where one measured it, else a record of the config alone."""
+    by = {r.number: r for r in recs}
+    return [by[int(d["trial"])] if d.get("in_study") and int(d["trial"]) in by
+            else trial_records.TrialRecord(int(d["trial"]), "CONFIRMATION", dict(d["config"]), "ok") for d in stored]
+
+
+def _descend(out: Mapping[str, Any], todo: list[tuple[trial_records.TrialRecord, bool]],
+             derived: list[dict[str, Any]], recs: list[trial_records.TrialRecord], space: Any, limit: int) -> int:
+    """Add the race's pick's :func:`one_step_simplifications` that are not in the race yet
+    (to ``todo`` and ``derived``), at most ``limit`` race-added configs in all; a config some
+    study trial already measured joins under that trial's number, one the sweep saw fail (and
+    never succeed) is left out, any other joins under a new :data:`DERIVED_BASE` number.
+    Returns how many were added (0: the descent is over)."""
+    pick = out.get("winner")
+    base = next((r for r, b in todo if b), None)
+    lead = next((r for r, _ in todo if r.number == pick), None)
+    if base is None or lead is None or len(derived) >= limit:
+        return 0
+    have = {trial_records.config_key(r.params) for r, _ in todo}
+    study: dict[str, trial_records.TrialRecord] = {}
+    failed: set[str] = set()
+    for r in recs:  # the same config measured in the sweep joins as that trial
+        if r.status == "ok" and not r.is_baseline:
+            study.setdefault(trial_records.config_key(r.params), r)
+        elif r.status == "failed":  # a config the sweep saw fail is not launched again here
+            failed.add(trial_records.config_key(r.params))
+    used = {r.number for r, _ in todo}
+    added = 0
+    for cand, step in one_step_simplifications(lead.params, base.params, space):
+        key = trial_records.config_key(cand)
+        if key in have or len(derived) >= limit or (key in failed and key not in study):
+            continue
+        rec = study.get(key)
+        if rec is None:
+            num = max([DERIVED_BASE - 1, *(n for n in used if n >= DERIVED_BASE)]) + 1
+            rec = trial_records.TrialRecord(num, "CONFIRMATION", cand, "ok")
+        have.add(key)
+        used.add(rec.number)
+        todo.append((rec, False))
+        derived.append({"trial": rec.number, "config": dict(rec.params), "from": lead.number, "step": step,
+                        "in_study": rec.number < DERIVED_BASE})
+        log.info("confirmation: t%d (%s) joins the race, one step simpler than the pick t%d", rec.number, step,
+                 lead.number)
+        added += 1
+    return added
+
+
 def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: float = 0.95,
                 extra_env: Mapping[str, Mapping[str, str]] | Callable[[dict[str, Any]], Mapping[str, str]] | None = None,
                 force: bool = False, margin: float = 0.01, max_repeats: int | None = None,
                 serving_check: Callable[[Mapping[str, Any]], bool | None] | None = None,
-                simpler_max: int = SIMPLER_MAX) -> dict[str, Any]:
+                simpler_max: int = SIMPLER_MAX, descend: int = 0, futility: bool = True) -> dict[str, Any]:
     """Race the top ``k`` configs, up to ``simpler_max`` measured :func:`simplifications` of
     the best of them, and the baseline: ``repeats`` launches each, then one more
     repeat of the leader and of each contender it is neither separated from nor equivalent to
     (within ``margin``), until the race is decided or each has ``max_repeats`` launches.
+    With ``descend`` > 0, a decided race then adds the :func:`one_step_simplifications` of its
+    pick that are not in it yet (measured in the sweep or not) and races on, until the pick's
+    every one-step simplification is in the race (each separated below it, or the pick would
+    have moved to it by the tie-break) or ``descend`` configs were added. The added configs
+    are stored in the confirmation (``derived``: trial, config, from, step, in_study), so a
+    rerun races the same configs and launches nothing.
 
     Repeats accumulate in the study (``launches`` of the stored confirmation): a later call
     adds to them and launches nothing when the stored evidence already answers the race at
@@ -208,6 +313,8 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
         serving_check: the serving-check hook, ``entry -> passed`` (None: not checked); read
             by the tie-break (see :mod:`sweeps.search.decision`). None = no check.
         simpler_max: simplifications of the leader that join the race (0 = none).
+        descend: one-step simplifications of the pick the race may add (0 = none;
+            ``sweep.confirm.descend``); each costs at least ``repeats`` launches.
     Returns:
         the confirmation (shape: :mod:`sweeps.search.decision`'s docstring); {} when there is
         nothing to confirm or the race was interrupted before it stored anything.
@@ -222,10 +329,15 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
     simpler = simplifications(recs, top[0], base, simpler_max, obj,
                               exclude={trial_records.config_key(r.params) for r, _ in todo})
     todo += [(r, False) for r in simpler]
-    cand_ids = [r.number for r, _ in todo]
     cap = max(repeats, max_repeats or repeats)
     old = driver.study.user_attrs.get(ATTR) or {}
     ev = Evidence.from_stored(old, obj, new_epoch=force)
+    # the configs an earlier run of this race added (its evidence is theirs too), while still wanted
+    derived = [dict(d) for d in (old.get("derived") or [])] if descend > 0 and not force else []
+    have = {trial_records.config_key(r.params) for r, _ in todo}
+    derived = [d for d in derived if trial_records.config_key(d["config"]) not in have][:descend]
+    todo += [(r, False) for r in _derived_records(derived, recs)]
+    space = driver.spec.space if descend > 0 else None
     t0 = time.monotonic()
     renders = _renders(driver, todo, extra_env)
     nondef = non_default_counts(renders, next((i for i, (_, b) in enumerate(todo) if b), None))
@@ -234,8 +346,12 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
     runner: Runner[int] | None = None
     while not driver.interrupted:
         out = ev.summarize(todo, repeats, confidence, obj, margin=margin, max_repeats=cap,
-                           non_default=nondef, serving_check=serving_check)
+                           non_default=nondef, serving_check=serving_check, futility=futility)
         need = ev.needed(todo, repeats, out)
+        if not need and space is not None and _descend(out, todo, derived, recs, space, descend):
+            renders = _renders(driver, todo, extra_env)
+            nondef = non_default_counts(renders, next((i for i, (_, b) in enumerate(todo) if b), None))
+            continue
         if not need:
             break
         if runner is None:
@@ -255,12 +371,14 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
         log.warning("confirmation interrupted; nothing stored")
         return {}
     out = ev.summarize(todo, repeats, confidence, obj, margin=margin, max_repeats=cap, non_default=nondef,
-                       serving_check=serving_check)
+                       serving_check=serving_check, futility=futility)
+    cand_ids = [r.number for r, _ in todo]
+    _mark_derived(out, derived)
     if not launched_round and old and old.get("candidates") == cand_ids and ev.same_decision(old, out):
         log.info("confirmation of trials %s already answered by %d stored launch(es); nothing launched",
                  cand_ids, len(ev.launches))
         return old  # type: ignore[no-any-return]
-    out.update(top_k=k, candidates=cand_ids, round=rnd if launched_round else ev.round,
+    out.update(top_k=k, derived=derived, candidates=cand_ids, round=rnd if launched_round else ev.round,
                date=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat() if launched_round
                else old.get("date", _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()),
                wall_s=round(time.monotonic() - t0 + (0.0 if force else float(old.get("wall_s") or 0.0)), 2))
@@ -420,7 +538,7 @@ class Evidence:
                     "value": obj.value(res.metrics) if ok else None,
                     "failure": None if ok else (res.failure_class or res.status),
                     "metrics": {c.metric: res.metrics[c.metric] for c in obj.constraints if c.metric in res.metrics},
-                    "wall_s": round(res.wall_s, 3)})
+                    "wall_s": round(res.wall_s, 3), "gpu_s": round(float(res.gpu_s or 0.0), 3)})
             outs = [_outputs(x) for x in got if x.status == "ok"]
             if is_base:
                 for run in outs:
@@ -571,7 +689,8 @@ def summarize(todo: list[tuple[trial_records.TrialRecord, bool]], results: Mappi
               confidence: float, objective: Objective | str = "decode_tok_s", *, margin: float = 0.01,
               max_repeats: int | None = None, tokens: Mapping[int, tuple[bool | None, str]] | None = None,
               non_default: list[int] | None = None,
-              serving_check: Callable[[Mapping[str, Any]], bool | None] | None = None) -> dict[str, Any]:
+              serving_check: Callable[[Mapping[str, Any]], bool | None] | None = None,
+              futility: bool = True) -> dict[str, Any]:
     """Statistics, token comparison, the race's decision, verdicts and the pick (pure; see
     :func:`confirm_top` and the shape in :mod:`sweeps.search.decision`).
 
@@ -611,7 +730,7 @@ def summarize(todo: list[tuple[trial_records.TrialRecord, bool]], results: Mappi
     dec = decision_stats.decide([decision_stats.Contender(e["trial"], [float(v) for v in e["values"]], int(e["launched"]),
                                                           e in eligible, e["is_baseline"], int(e["non_default"]),
                                                           float(e["cost"]), e["serving_ok"], float(e["departure"]))
-                    for e in entries], obj.maximize, margin, confidence, cap,
+                    for e in entries], obj.maximize, margin, confidence, cap, futility=futility,
                    fmt=lambda v: metric_text(obj.name, v))
     winner = next((e for e in entries if e["trial"] == dec.pick), None)
     for e in entries:
@@ -640,6 +759,39 @@ def summarize(todo: list[tuple[trial_records.TrialRecord, bool]], results: Mappi
             "decision": {"status": status, "reason": reason, "leader": dec.leader, "pick": dec.pick,
                          "tie_group": list(dec.tie_group), "tie_break": decision_stats.TIE_BREAK, "more": list(dec.more)},
             "winner_note": _note(winner, eligible, todo, obj, confidence, dec)}
+
+
+def _mark_derived(out: Mapping[str, Any], derived: list[dict[str, Any]]) -> None:
+    """Tag the entries of the race-added configs: ``derived_from`` (the pick they simplify),
+    ``step`` and ``in_study`` (False: the race's launches are its only measurements)."""
+    by = {int(d["trial"]): d for d in derived}
+    for e in out.get("entries", []):
+        d = by.get(int(e["trial"]))
+        if d is not None:
+            e.update(derived_from=d["from"], step=d["step"], in_study=bool(d["in_study"]))
+
+
+def config_record(recs: list[trial_records.TrialRecord], confirmation: Mapping[str, Any] | None,
+                  trial: Any) -> trial_records.TrialRecord | None:
+    """The record of a confirmed ``trial``: the study's trial, else (a config only the race
+    measured, :data:`DERIVED_BASE` up) a record built from its confirmation entry (status ok,
+    the objective's confirmed mean as its one metric, the environment fingerprint of the
+    study's latest trial that has one: the race ran after the trials, in the same sweep). None
+    when neither knows ``trial``."""
+    if trial is None:
+        return None
+    r = next((r for r in recs if r.number == trial), None)
+    if r is not None:
+        return r
+    conf = confirmation or {}
+    e = next((e for e in conf.get("entries", []) if e.get("trial") == trial), None)
+    if e is None or not isinstance(e.get("config"), dict):
+        return None
+    name = next((x.get("objective") for x in conf.get("launches") or [] if x.get("objective")), "decode_tok_s")
+    mean = e.get("mean")
+    metrics = {str(name): float(mean)} if isinstance(mean, int | float) and math.isfinite(mean) else {}
+    fp = next((r.fingerprint for r in sorted(recs, key=lambda r: -r.number) if r.fingerprint), {})
+    return trial_records.TrialRecord(int(trial), "CONFIRMATION", dict(e["config"]), "ok", metrics, fingerprint=dict(fp))
 
 
 def _store(study: optuna.Study, out: dict[str, Any]) -> None:

@@ -5,25 +5,40 @@ A sweep names one categorical knob whose levels are its approaches (the campaign
 TPE exploits the first approach that measures well and the other one is barely launched (the
 campaign spent 2 of 30 launches on EAGLE-3 although its question was whether EAGLE-3 pays).
 
-The rule is stratified sampling with a running quota: before each free ask of the sampler
-(no enqueued trial waiting), an approach is *due* when its launches (finished and in flight)
-are fewer than ``min_share`` x (launches + 1), i.e. when launching anything else next would
-leave it below its share. The most-behind due approach is pinned for that ask: the trial is
-enqueued with only the approach knob fixed, so the sampler (TPE) still chooses every other
-knob within the approach from what it has learned. A pinned proposal that a gate answers
-(a dead end, a repeat) is redirected to an untried config of the same approach
+The quota is owed *by the end of the trial budget* (``sweep.budget.trials``), not first: each
+approach is owed ``ceil(min_share x budget)`` launches minus its launches so far (finished and
+in flight). While the launches left in the budget exceed the sum of what is owed, the sampler
+exploits freely, so the best config is reached as early as without a quota; once they do not,
+each free ask is *pinned* to the approach owed most: the trial is enqueued with only the
+approach knob fixed, so the sampler (TPE) still chooses every other knob within the approach
+(the draft grid of EAGLE-3) from what it has learned. A pinned proposal that a gate answers (a
+dead end, a repeat) is redirected to an untried config of the same approach
 (:func:`sweeps.search.untried.redirect` with ``within``), so a dead end does not hand the
-launch back to the other approach. With every approach at its share the sampler alone decides.
+launch back to the other approach. Paying first cost the campaign about 1 emulated GPU-hour
+to its best config (3.38 against 1.55, median of 5 seeds, ``benchmarks/sweep_efficiency.py``).
+
+A sweep stopped before its trial budget (``wall_time_s``, ``gpu_hours``, ``max_asks``) may end
+with the quota owed and not paid; the findings' coverage section says so with the stop reason.
+A sweep without a trial budget has no end to owe by: there the quota is a running one, due
+whenever an approach's launches are fewer than ``min_share`` x (launches + 1).
+
+Opt-in (``release_below``, default off): an approach's quota is *released* once it has at least
+``release_after`` ok launches and its best measurement lies more than ``release_below`` below
+another approach's best (:meth:`Coverage.released`); it then gets only what the sampler gives
+it. The findings' coverage section states the evidence (:func:`release_lines`). Released is
+re-evaluated at every ask: a better config of the approach brings its quota back.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from sweeps.config.objective import Objective
 from sweeps.config.space import SearchSpace
 from sweeps.config.spec import ApproachesConfig
 from sweeps.store import records as trial_records
@@ -37,18 +52,62 @@ class Coverage:
 
     Args:
         config: ``sweep.approaches``.  space: the sweep's space (the knob's levels, in order).
+        objective: what a level's best is ranked by (:meth:`released`; default decode tok/s).
+        budget: ``sweep.budget.trials``, the launches the quota is owed by (None: a running quota).
 
     Raises:
         ValueError: the knob is not a finite param of the space (``load_spec`` refuses this first).
     """
 
-    def __init__(self, config: ApproachesConfig, space: SearchSpace):
+    def __init__(self, config: ApproachesConfig, space: SearchSpace, objective: Objective | None = None,
+                 budget: int | None = None):
         param = next((p for p in space.params if p.name == config.knob), None)
         if param is None:
             raise ValueError(f"sweep.approaches.knob: {config.knob!r} is not a param of the space")
         self.knob = config.knob
         self.min_share = config.min_share
+        self.release_below = config.release_below
+        self.release_after = config.release_after
+        self.objective = objective or Objective()
+        self.budget = budget
         self.levels: list[Any] = list(param.levels())
+
+    def bests(self, records: Iterable[trial_records.TrialRecord]) -> dict[Any, tuple[float | None, int, int | None]]:
+        """Per level ``(best value, ok launches, its trial)`` over the :func:`sweeps.store.records.rankable`
+        trials (``(None, 0, None)`` for a level without one)."""
+        out: dict[Any, tuple[float | None, int, int | None]] = {v: (None, 0, None) for v in self.levels}
+        obj = self.objective
+        for r in records:
+            v = r.params.get(self.knob)
+            if v not in out or not r.launched or not trial_records.rankable(r, obj):
+                continue
+            val = trial_records.value_of(r, obj)
+            best, n, t = out[v]
+            if best is None or (val is not None and obj.sort_key(val) < obj.sort_key(best)):
+                best, t = val, r.number
+            out[v] = (best, n + 1, t)
+        return out
+
+    def released(self, records: Iterable[trial_records.TrialRecord]) -> dict[Any, dict[str, Any]]:
+        """The levels whose quota is released, with the evidence: ``{level: {"best", "trial",
+        "launches", "other", "other_best", "other_trial", "gap"}}`` (``gap``: the relative
+        shortfall of the level's best against the other's, in the objective's direction).
+        Empty when ``release_below`` is null."""
+        if self.release_below is None:
+            return {}
+        b = self.bests(records)
+        out: dict[Any, dict[str, Any]] = {}
+        for v, (best, n, t) in b.items():
+            if best is None or n < self.release_after:
+                continue
+            for o, (ob, _, ot) in b.items():
+                if o == v or ob is None or not ob:
+                    continue
+                gap = (ob - best) / abs(ob) if self.objective.maximize else (best - ob) / abs(ob)
+                if gap > self.release_below and (v not in out or gap > out[v]["gap"]):
+                    out[v] = {"best": best, "trial": t, "launches": n, "other": o, "other_best": ob,
+                              "other_trial": ot, "gap": gap}
+        return out
 
     def counts(self, records: Iterable[trial_records.TrialRecord], running: Iterable[Mapping[str, Any]]) -> dict[Any, int]:
         """Launches per level: launched trials (finished, not duplicates) plus configs in flight."""
@@ -61,14 +120,43 @@ class Coverage:
                 out[p[self.knob]] += 1
         return out
 
-    def due(self, records: Iterable[trial_records.TrialRecord], running: Iterable[Mapping[str, Any]]) -> Any | None:
-        """The level that must be launched next to keep its share, or None when all are at theirs.
+    def quota(self) -> int | None:
+        """Launches each approach is owed by the end of the trial budget: ``ceil(min_share x
+        budget)`` (None without a trial budget)."""
+        if self.budget is None:
+            return None
+        return math.ceil(self.min_share * self.budget - 1e-9)  # 0.3 x 30 is 9, not 10
 
-        A level is due when ``count < min_share * (total + 1)``; among due levels the one
-        furthest below its quota, ties in the knob's level order."""
+    def owed(self, records: Iterable[trial_records.TrialRecord], running: Iterable[Mapping[str, Any]]) -> dict[Any, int]:
+        """``{level: launches still owed by the end of the trial budget}`` for each level below
+        its :meth:`quota` whose quota is not :meth:`released` ({} without a trial budget)."""
+        q = self.quota()
+        if q is None:
+            return {}
+        records = list(records)
         c = self.counts(records, running)
+        free = self.released(records)
+        return {v: q - n for v, n in c.items() if n < q and v not in free}
+
+    def due(self, records: Iterable[trial_records.TrialRecord], running: Iterable[Mapping[str, Any]]) -> Any | None:
+        """The level that must be launched next to be paid its quota, or None (the sampler decides).
+
+        With a trial budget: None while the launches left (budget - launches, in flight included)
+        exceed the sum of :meth:`owed`; then the level owed most, ties in the knob's level order.
+        Without one: a level is due when ``count < min_share * (total + 1)`` and its quota is not
+        :meth:`released`, the one furthest below its quota first."""
+        records = list(records)
+        running = list(running)
+        c = self.counts(records, running)
+        if self.budget is not None:
+            owed = self.owed(records, running)
+            left = self.budget - sum(c.values())
+            if not owed or left > sum(owed.values()):
+                return None
+            return max((n, -i, v) for i, (v, n) in enumerate(owed.items()))[2]
+        free = self.released(records)
         need = self.min_share * (sum(c.values()) + 1)
-        behind = [(need - n, -i, v) for i, (v, n) in enumerate(c.items()) if n < need]
+        behind = [(need - n, -i, v) for i, (v, n) in enumerate(c.items()) if n < need and v not in free]
         return max(behind)[2] if behind else None
 
     def shares(self, records: Sequence[trial_records.TrialRecord]) -> dict[Any, tuple[int, float]]:
@@ -76,6 +164,67 @@ class Coverage:
         c = self.counts(records, ())
         total = sum(c.values())
         return {v: (n, n / total if total else 0.0) for v, n in c.items()}
+
+
+def release_lines(config: Mapping[str, Any] | ApproachesConfig, space: SearchSpace | None,
+                  records: Sequence[trial_records.TrialRecord], objective: Objective | None = None) -> list[str]:
+    """The findings' evidence for each released quota: ``- quota of speculative=eagle3 released:
+    its best of 5 ok launches, t12 58.1 tok/s, is 35 % below none's best t7 89.9 tok/s (more
+    than the 10 % release margin)``; [] when nothing is released or the space lacks the knob."""
+    from sweeps.config.objective import metric_text
+
+    cfg = config if isinstance(config, ApproachesConfig) else ApproachesConfig(**dict(config))
+    if space is None or all(p.name != cfg.knob for p in space.params):
+        return []
+    cov = Coverage(cfg, space, objective)
+    name = cov.objective.name
+    def launches(n: int) -> str:
+        return f"{n} ok launch" + ("es" if n != 1 else "")
+    return [f"- quota of `{cfg.knob}={v}` released: its best of {launches(e['launches'])}, "
+            f"t{e['trial']} {metric_text(name, e['best'])}, is {100 * e['gap']:.0f} % "
+            f"{'below' if cov.objective.maximize else 'above'} {e['other']}'s best t{e['other_trial']} "
+            f"{metric_text(name, e['other_best'])} (more than the {100 * float(cfg.release_below or 0):g} % release "
+            f"margin, after at least {launches(cfg.release_after)}): the sampler alone chooses from here"
+            for v, e in cov.released(records).items()]
+
+
+#: study user attr: why the sweep's last loop stopped (None while it runs), for the findings
+STOP_ATTR = "stop_reason"
+
+#: the knob behind each stop reason a sweep loop gives (:meth:`sweeps.search.loop.SweepLoop.budget_left`)
+STOP_KNOBS = {"wall-time budget": "sweep.budget.wall_time_s", "GPU-hour budget": "sweep.budget.gpu_hours",
+              "max_asks": "sweep.budget.max_asks", "consecutive proposals": "sweep.budget.max_consecutive_skips",
+              "circuit breaker": "sweep.circuit_breaker"}
+
+
+def quota_lines(config: Mapping[str, Any] | ApproachesConfig, space: SearchSpace | None,
+                records: Sequence[trial_records.TrialRecord], budget: int | None,
+                stop_reason: str | None, objective: Objective | None = None) -> list[str]:
+    """The findings' lines on a quota still owed by the end of the trial budget: while the sweep
+    runs, ``- quota owed: `speculative=eagle3` 5 more of its 9 launches by the end of the
+    30-launch trial budget (21 launched; ...)``; once a sweep stopped before its trial budget,
+    ``- quota not paid: ...`` with the stop reason and the knob behind it. [] when nothing is
+    owed, the space lacks the knob or there is no trial budget (a running quota)."""
+    cfg = config if isinstance(config, ApproachesConfig) else ApproachesConfig(**dict(config))
+    if budget is None or space is None or all(p.name != cfg.knob for p in space.params):
+        return []
+    cov = Coverage(cfg, space, objective, budget)
+    q = cov.quota()
+    n = sum(cov.counts(records, ()).values())
+    if n >= budget:
+        return []  # spent: a level still short was redirected or released (the share line says so)
+    owed = cov.owed(records, ())
+    if not owed:
+        return []
+    what = ", ".join(f"`{cfg.knob}={v}` {k} more of its {q}" for v, k in owed.items())
+    if stop_reason:
+        knob = next((k for prefix, k in STOP_KNOBS.items() if prefix in stop_reason), None)
+        why = f"{stop_reason}" + (f": `{knob}`" if knob else "")
+        return [f"- quota not paid: {what} launches. The sweep stopped after {n} of its {budget}-launch trial "
+                f"budget ({why}) before the owed launches fell due: they are launched only once the launches "
+                f"left no longer exceed what is owed. Resume the sweep (or raise that limit) to pay them."]
+    return [f"- quota owed: {what} launches by the end of the {budget}-launch trial budget ({n} launched; "
+            f"the sampler chooses freely while the launches left exceed what is owed)"]
 
 
 def pin(study: optuna.Study, knob: str, level: Any) -> None:

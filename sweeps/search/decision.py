@@ -14,12 +14,17 @@ the race, the others are as before::
      "max_repeats" (new: repeat budget per config), "margin" (new: relative equivalence margin),
      "epoch" (new: evidence set; only ``force`` starts a new one),
      "tie_group" (new: trials the decision cannot separate, the pick first),
-     "decision": {"status": "separated" | "equivalent" | "budget_spent" | "single",
+     "decision": {"status": "separated" | "equivalent" | "pick_decided" | "budget_spent" |
+                            "undecidable" | "single",
                   "reason": str, "leader": trial, "pick": trial, "tie_group": [trials],
                   "tie_break": str} (new),
      "decision_reason" (new: == decision["reason"]),
      "launches" (new): [{"trial", "repeat" (0-based, per trial, over all rounds), "round",
-                         "status", "value", "failure", "metrics", "wall_s"}],
+                         "status", "value", "failure", "metrics", "wall_s",
+                         "gpu_s" (GPU-seconds the launch held)}],
+     "derived" (new: configs the race added, one step simpler than its pick, ``descend``):
+               [{"trial" (the study's, or DERIVED_BASE up: only the race measured it),
+                 "config", "from" (the pick it simplifies), "step" ("knob a -> b"), "in_study"}],
      "entries": [{"trial", "config", "label", "is_baseline", "sweep_value", "values", "n",
                   "mean", "ci_low", "ci_high", "speedup_mean", "speedup_ci", "tokens_match",
                   "mismatch_detail", "failures", "violated", "verdict",
@@ -30,12 +35,25 @@ the race, the others are as before::
                   "in_tie_group" (new: bool), "non_default" (new: settings differing from the
                   baseline's render: env vars + flags), "departure" (new: :func:`departure`),
                   "cost" (new: mean launch wall s),
-                  "serving_ok" (new: True / False / None = no serving check)}]}
+                  "serving_ok" (new: True / False / None = no serving check),
+                  "derived_from", "step", "in_study" (new: a race-added config only)}]}
 
-Tests: a contender is *separated* when the Welch interval (at ``confidence``) of the
-difference of means excludes 0 on the leader's side; *equivalent* when the two one-sided
+Tests: a contender is *separated* when the Welch interval of the difference of means excludes
+0 on the leader's side, at ``confidence`` Bonferroni-adjusted over the leader's comparisons
+(``1 - (1 - confidence) / (contenders - 1)``): the leader is the largest of several noisy means,
+so "better than every other" is a family of comparisons made after selecting it (the
+multiple-comparisons-with-the-best setting, Hsu 1984, for which Bonferroni is a conservative
+bound); unadjusted, each extra plateau member in the race adds a chance of a false separation; *equivalent* when the two one-sided
 tests (TOST, Schuirmann 1987: the ``1 - 2*alpha`` Welch interval of the difference lies
-within ``+-margin * |leader mean|``) pass; otherwise *undecided* and both get more repeats.
+within ``+-margin * |leader mean|``) pass; otherwise *undecided*, and it gets more repeats (with
+the leader and the pick) only while they could change the pick (:func:`can_change_pick`): a
+contender ranked after the pick by the tie-break stops once the pick is shown non-inferior to
+it (one-sided, :func:`non_inferior`), and the decision is then ``pick_decided``. With
+``futility`` a contender that the repeat budget cannot decide is not raced on either: projected
+to ``max_repeats`` repeats with its and the leader's means and spreads so far
+(:func:`projected`), it would still be neither separated nor equivalent (nor the pick
+non-inferior to it): stochastic curtailment of a sequential test with the observed effect; the
+decision is then ``undecidable`` (a larger ``max_repeats`` or ``margin`` can decide it).
 The tie group is the leader and every contender not separated from it. The pick within it:
 passes the serving check (True before None before False), then fewer non-default settings,
 then the smaller departure from the baseline's numeric settings (:func:`departure`), then
@@ -134,13 +152,20 @@ def tost_equivalent(a: Sequence[float], b: Sequence[float], margin: float, confi
     return -margin < lo and hi < margin
 
 
+def separation_confidence(confidence: float, comparisons: int) -> float:
+    """The Bonferroni-adjusted level of each of the leader's ``comparisons`` separation tests:
+    ``1 - (1 - confidence) / comparisons`` (``confidence`` itself for one comparison or none)."""
+    return 1 - (1 - confidence) / max(1, comparisons)
+
+
 def compare(leader: Sequence[float], other: Sequence[float], maximize: bool, margin: float,
-            confidence: float) -> str:
-    """``"separated"`` (the leader is better beyond the interval), ``"equivalent"`` (within
-    ``margin``, relative to the leader's mean) or ``"undecided"`` (more repeats needed)."""
+            confidence: float, separation: float | None = None) -> str:
+    """``"separated"`` (the leader is better beyond the interval at ``separation``, default
+    ``confidence``), ``"equivalent"`` (within ``margin``, relative to the leader's mean, TOST at
+    ``confidence``) or ``"undecided"`` (more repeats needed)."""
     if len(leader) < 2 or len(other) < 2:
         return "undecided"
-    d, lo, hi = welch_interval(leader, other, confidence)
+    d, lo, hi = welch_interval(leader, other, separation if separation is not None else confidence)
     if (lo > 0) if maximize else (hi < 0):
         return "separated"
     m = abs(sum(leader) / len(leader)) * margin
@@ -206,6 +231,58 @@ def departure(params: Mapping[str, object], baseline: Mapping[str, object]) -> f
     return round(total, 2)
 
 
+def rank_key(c: Contender) -> tuple[int, int, float]:
+    """The tie-break's keys that do not depend on the repeats: serving check (passed 0,
+    unchecked 1, failed 2), non-default settings, :func:`departure` (smaller first)."""
+    return {True: 0, None: 1, False: 2}[c.serving_ok], c.non_default, c.departure
+
+
+def can_change_pick(c: Contender, chosen: Contender, maximize: bool, margin: float, confidence: float) -> bool:
+    """Whether more repeats of the undecided contender ``c`` could change the pick ``chosen``
+    of a tie group (the race goes on only for those):
+
+    - ``c`` is the pick: it may yet separate below the leader and leave the group;
+    - ``c`` ties the pick on :func:`rank_key`: the launch cost and the mean, which repeats move,
+      decide between them;
+    - ``c`` ranks after the pick but the pick is not yet shown non-inferior to it: ``c`` might be
+      better than the pick by more than ``margin`` (it could become the leader and separate the
+      pick below it).
+
+    A contender ranked after the pick to which the pick is non-inferior within ``margin``
+    (:func:`non_inferior`, one-sided at ``confidence``) cannot change it: shown equivalent it
+    stays behind the pick, separated it leaves the group, and the pick is the same either way.
+    Unlike equivalence (TOST) this needs no proof that ``c`` is not *worse*, which is what kept
+    plateau configs racing to the repeat budget at 1-2 % noise against a 1 % margin."""
+    if c is chosen or rank_key(c) == rank_key(chosen):
+        return True
+    return not non_inferior(chosen.values, c.values, abs(chosen.mean) * margin, maximize, confidence)
+
+
+def non_inferior(pick: Sequence[float], other: Sequence[float], margin: float, maximize: bool,
+                 confidence: float) -> bool:
+    """One-sided non-inferiority of ``pick`` to ``other`` within ``margin`` (absolute, the
+    objective's unit): the upper ``confidence`` Welch bound of how much better ``other`` is than
+    ``pick`` (``mean(other) - mean(pick)``, the reverse when minimising) lies below ``margin``.
+    One side of :func:`tost_equivalent` (Schuirmann 1987). False with fewer than 2 values."""
+    if len(pick) < 2 or len(other) < 2 or margin <= 0:
+        return False
+    a, b = (other, pick) if maximize else (pick, other)
+    _, _, hi = welch_interval(a, b, 1 - 2 * (1 - confidence))
+    return hi < margin
+
+
+def projected(values: Sequence[float], n: int) -> list[float]:
+    """``n`` values with the mean and sample variance of ``values``: what the race would see after
+    ``n`` repeats if its mean and spread so far held (pairs ``mean +- a``, the mean itself once
+    when ``n`` is odd). ``values`` itself when it has ``n`` or more, or fewer than 2."""
+    if len(values) >= n or len(values) < 2:
+        return list(values)
+    m, v = _mean_var(values)
+    k = n // 2
+    a = math.sqrt(v * (n - 1) / (2 * k))
+    return [m + a] * k + [m - a] * k + ([m] if n % 2 else [])
+
+
 def pick(members: Sequence[Contender], maximize: bool) -> Contender:
     """The tie-break (:data:`TIE_BREAK`): the member that passes the serving check (unchecked
     next, failed last), then with the fewest non-default settings, then the smallest
@@ -218,10 +295,8 @@ def pick(members: Sequence[Contender], maximize: bool) -> Contender:
     if not members:
         raise ValueError("pick() needs at least one member")
 
-    def first(c: Contender) -> tuple[int, int, float]:
-        return {True: 0, None: 1, False: 2}[c.serving_ok], c.non_default, c.departure
-    best = min(first(c) for c in members)
-    same = [c for c in members if first(c) == best]
+    best = min(rank_key(c) for c in members)
+    same = [c for c in members if rank_key(c) == best]
     cheapest = min(c.cost for c in same)
     close = [c for c in same if c.cost <= cheapest * (1 + COST_TIE)]
     return min(close, key=lambda c: (-c.mean if maximize else c.mean, c.trial))
@@ -267,7 +342,7 @@ def _winner_sentence(m: re.Match[str], c: Contender) -> str:
 
 
 def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confidence: float,
-           max_repeats: int, fmt: Callable[[float], str] = lambda v: f"{v:.4g}") -> Decision:
+           max_repeats: int, fmt: Callable[[float], str] = lambda v: f"{v:.4g}", futility: bool = True) -> Decision:
     """Decide the race from the repeats so far (pure).
 
     Args:
@@ -275,6 +350,8 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
         maximize: the objective's direction.  margin: relative equivalence margin (0.01 = 1 %).
         confidence: interval level.  max_repeats: launches per config before its budget is spent.
         fmt: formats a value for the reason sentence.
+        futility: stop racing a contender the repeat budget cannot decide (projected from the
+            means and spreads so far: ``decidable`` below); False races it to the budget.
     Returns:
         a :class:`Decision`; ``status == "racing"`` with ``more`` = trials to repeat again
         while some contender is undecided and both it and the leader have budget left.
@@ -285,27 +362,64 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     live.sort(key=lambda c: -c.mean if maximize else c.mean)
     lead = live[0]
     rel = {lead.trial: "leader"}
+    family = separation_confidence(confidence, len(live) - 1)
     for c in live[1:]:
-        rel[c.trial] = compare(lead.values, c.values, maximize, margin, confidence)
+        rel[c.trial] = compare(lead.values, c.values, maximize, margin, confidence, family)
     for c in contenders:
         rel.setdefault(c.trial, "out")
     undecided = [c for c in live[1:] if rel[c.trial] == "undecided"]
-    # the leader and each undecided contender get one more repeat while their budget lasts
-    more = [c.trial for c in [lead, *undecided] if c.launched < max_repeats] if undecided else []
     group = [lead] + [c for c in live[1:] if rel[c.trial] != "separated"]
     chosen = pick(group, maximize)
     tie = [chosen.trial] + [c.trial for c in group if c is not chosen]
+    # race on only what can change the pick (can_change_pick): the leader and each such
+    # undecided contender get one more repeat while their budget lasts
+    open_ = [c for c in undecided if can_change_pick(c, chosen, maximize, margin, confidence)]
+
+    def decidable(c: Contender) -> bool:
+        """Whether ``c`` could stop mattering within the repeat budget: projected to
+        ``max_repeats`` with its (and the leader's and the pick's) mean and spread so far, it
+        separates from the leader, is equivalent to it, or the pick is non-inferior to it."""
+        n = max_repeats
+        pl, pc = projected(lead.values, n), projected(c.values, n)
+        if compare(pl, pc, maximize, margin, confidence, family) != "undecided":
+            return True
+        if c is chosen or rank_key(c) == rank_key(chosen):
+            return False
+        pp = projected(chosen.values, n)
+        return non_inferior(pp, pc, abs(chosen.mean) * margin, maximize, confidence)
+    hopeless = [c for c in open_ if futility and not decidable(c)]
+    racing = [c for c in open_ if c not in hopeless]
+    racers = [lead] + [c for c in [chosen, *racing] if c is not lead] if racing else []
+    more = list(dict.fromkeys(c.trial for c in racers if c.launched < max_repeats))
     if more:
         return Decision("racing", lead.trial, rel, tie, chosen.trial, more, "racing")
     pct = f"{margin * 100:g} %"
+    left = [c for c in undecided if c not in open_]
     if len(live) == 1:
         status, reason = "single", f"t{lead.trial} is the only config that passed the confirmation."
-    elif undecided:
-        names = ", ".join(f"t{c.trial}" for c in undecided)
+    elif open_ and all(c.launched >= max_repeats for c in open_):
+        names = ", ".join(f"t{c.trial}" for c in open_)
         status = "budget_spent"
         reason = (f"Repeat budget spent ({max_repeats} per config): t{lead.trial} "
                   f"({fmt(lead.mean)}) is not distinguishable from {names} at {confidence * 100:.0f} %, "
                   f"nor shown equivalent within {pct}.")
+    elif open_:
+        names = ", ".join(f"t{c.trial}" for c in open_)
+        status = "undecidable"
+        reason = (f"Not decidable within the repeat budget ({max_repeats} per config): t{lead.trial} "
+                  f"({fmt(lead.mean)}) is not distinguishable from {names} at {confidence * 100:.0f} %, "
+                  f"nor shown equivalent within {pct}, and projected from their means and spreads so far "
+                  f"it would still be neither at {max_repeats} repeats (not raced on; a larger "
+                  f"sweep.confirm.max_repeats or margin can decide it).")
+    elif left:
+        status = "pick_decided"
+        how = ("is the leader" if chosen is lead
+               else f"is equivalent to the leader t{lead.trial} ({fmt(lead.mean)}) within {pct} (TOST)")
+        reason = (f"The pick t{chosen.trial} ({fmt(chosen.mean)}) {how}; "
+                  f"{', '.join(f't{c.trial}' for c in left)} neither separated from t{lead.trial} "
+                  f"nor shown equivalent, but ranked after the pick by the tie-break and not better than "
+                  f"it by more than {pct} (non-inferiority at {confidence * 100:.0f} %), so more repeats "
+                  f"could not change the pick (not raced on).")
     elif len(group) > 1:
         status = "equivalent"
         names = ", ".join(f"t{c.trial}" for c in group[1:])
@@ -313,7 +427,8 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     else:
         status = "separated"
         reason = (f"t{lead.trial} ({fmt(lead.mean)}) separated from every other contender "
-                  f"at {confidence * 100:.0f} % (Welch).")
+                  f"at {confidence * 100:.0f} % (Welch"
+                  + (f", Bonferroni over {len(live) - 1} comparisons)." if len(live) > 2 else ")."))
     if len(group) > 1:
         reason += f" Tie group {', '.join(f't{t}' for t in tie)}; {pick_sentence(chosen.trial, decided_by(group, chosen))}"
     return Decision(status, lead.trial, rel, tie, chosen.trial, [], reason)

@@ -29,6 +29,7 @@ from sweeps.run.preflight import check_launcher, emulator_profile, ensure_writab
 from sweeps.run.runner import InFlight, Runner
 from sweeps.run.stores import prepare as prepare_stores
 from sweeps.search import gates
+from sweeps.search.coverage import STOP_ATTR
 from sweeps.search.interfaces import SweepPublisher
 from sweeps.search.probes import A_REQUESTION
 from sweeps.search.searcher import Proposal, Searcher
@@ -212,6 +213,7 @@ class SweepLoop:
         self.runner = Runner(executor, self.profile, self.spec.backend.retries_transient)
         self.progress.slots = executor.slots
         study = study_store.open_study(self.spec, self.study_name)
+        study.set_user_attr(STOP_ATTR, None)  # running: a resumed study's last stop no longer holds
         from sweeps.rules.store import load_implicated_knobs
 
         rules = RuleStore(self.spec.rules_db)
@@ -419,8 +421,14 @@ class SweepLoop:
         recs = records.load_records(self.study)
         best = records.best_record(recs, self.objectives)
         if conf.get("winner") is not None:  # the confirmed winner, not the luckiest single run
-            best = next((r for r in recs if r.number == conf["winner"]), best)
+            from sweeps.search.confirm import config_record
+
+            best = config_record(recs, conf, conf["winner"]) or best
         base = records.baseline_value(recs, self.objectives)
+        from sweeps.run.best_effort import best_effort
+
+        with best_effort("store the stop reason"):  # the findings say why an owed quota was not paid
+            self.study.set_user_attr(STOP_ATTR, self.stop_reason)
         # findings and summary first: the parent run's artifacts are their final state
         self.publisher.write_findings(self.study, recs, self.fingerprint, self.rules)
         self.publisher.summary(recs, best, base, self.stop_reason, conf)
@@ -454,5 +462,6 @@ class SweepLoop:
             from sweeps.search.confirm import confirm_top
 
             out = confirm_top(self, k=c.top_k, repeats=c.repeats, confidence=c.confidence, margin=c.margin,
-                              max_repeats=c.repeat_budget) or {}
+                              max_repeats=c.repeat_budget, descend=c.descend if c.race else 0,
+                              futility=c.futility) or {}
         return out

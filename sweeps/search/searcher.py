@@ -1,7 +1,8 @@
 """What to launch next and what an outcome teaches: the sweep's :class:`Searcher`.
 
 A searcher owns the search side of one sweep: the approach quota (a free ask of the sampler
-is pinned to an approach below its share of launches: :mod:`sweeps.search.coverage`) -> ask (a
+is pinned to an approach still owed launches once the trial budget's launches left no longer
+exceed what is owed: :mod:`sweeps.search.coverage`) -> ask (a
 waiting baseline or re-queued trial, other enqueued ones, then the sampler's proposal:
 :mod:`sweeps.search.queue_order`) ->
 the proposal gates (:mod:`sweeps.search.gates`) -> in place of a gated proposal, an
@@ -85,7 +86,8 @@ class Searcher:
         self.untried = UntriedDraw(self.space, spec.sweep.sampler.seed)  # the enumeration is drawn lazily
         self.probes = ProbePlanner(spec, study, rules, study_name)
         ap = spec.sweep.approaches
-        self.coverage: Coverage | None = Coverage(ap, self.space) if ap is not None else None
+        self.coverage: Coverage | None = (Coverage(ap, self.space, self.objectives.primary, spec.sweep.budget.trials)
+                                          if ap is not None else None)
 
     def prepare(self) -> None:
         """Called once by the loop's setup after the seeds are enqueued: the re-question probes
@@ -114,8 +116,8 @@ class Searcher:
         return trial, self.space.sample(trial)
 
     def pin_due(self, running: Running) -> None:
-        """Before a free ask of the sampler (nothing enqueued waits), pin an approach below its
-        share (:mod:`sweeps.search.coverage`); nothing without ``sweep.approaches``."""
+        """Before a free ask of the sampler (nothing enqueued waits), pin the approach that is
+        due (:meth:`sweeps.search.coverage.Coverage.due`); nothing without ``sweep.approaches``."""
         if self.coverage is None or not self.gated or waiting(self.study):
             return
         level = self.coverage.due(records.load_records(self.study), [p for _, p in running])
@@ -123,7 +125,7 @@ class Searcher:
             pin(self.study, self.coverage.knob, level)
 
     def _due_within(self, running: Running) -> dict[str, Any] | None:
-        """The approach a redirect must stay in: the one due for its share, if any."""
+        """The approach a redirect must stay in: the one due for its quota, if any."""
         if self.coverage is None:
             return None
         level = self.coverage.due(records.load_records(self.study), [p for _, p in running])

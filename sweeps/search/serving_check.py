@@ -260,7 +260,9 @@ def check_winner(host: ConfirmHost, confirmation: Mapping[str, Any] | None) -> d
     recs = records.load_records(host.study)
     obj = host.spec.objective_set.primary
     win = (confirmation or {}).get("winner")
-    winner = next((r for r in recs if r.number == win), None) if win is not None else records.best_record(recs, obj)
+    from sweeps.search.confirm import config_record
+
+    winner = config_record(recs, confirmation, win) if win is not None else records.best_record(recs, obj)
     baseline = next((r for r in recs if r.is_baseline and r.status == "ok"), None)
     if winner is None or baseline is None:
         return {}
@@ -288,7 +290,13 @@ def check_tie_group(host: ConfirmHost, confirmation: dict[str, Any]) -> tuple[di
     group = [int(t) for t in confirmation.get("tie_group") or []]
     if check.get("verdict") != "trades_away" or len(group) < 2:
         return check, confirmation
-    recs = {r.number: r for r in records.load_records(host.study)}
+    from sweeps.search.confirm import config_record
+
+    study_recs = records.load_records(host.study)
+    recs = {r.number: r for r in study_recs}
+    for t in group:  # a member only the race measured (sweeps.search.confirm's descent)
+        if t not in recs and (r := config_record(study_recs, confirmation, t)) is not None:
+            recs[t] = r
     baseline = recs.get(int(check["baseline_trial"]))
     verdicts: dict[int, bool | None] = {int(check["winner_trial"]): False}
     conf, first = confirmation, check

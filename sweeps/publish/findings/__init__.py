@@ -40,6 +40,7 @@ from sweeps.publish.findings.document import (
 from sweeps.publish.findings.groups import GROUP_PREFERENCE, group_knobs
 from sweeps.publish.findings.measure import objective_of
 from sweeps.publish.findings.render import DATA_VERSION, render_section
+from sweeps.search.coverage import STOP_ATTR
 from sweeps.store import records as trial_records
 from tasks.redact import redact_text
 
@@ -84,6 +85,7 @@ def update_findings(spec: Any, study: optuna.Study | str, records: Sequence[tria
     ctx = context_from_spec(spec, study_name, fingerprint, rules, confirmation, objective)
     if not isinstance(study, str):
         ctx.serving = study.user_attrs.get(SERVING_ATTR) or None
+        ctx.stop_reason = study.user_attrs.get(STOP_ATTR) or None
     old = read_document(path)  # bytes kept as is
     section, _ = render_section(ctx, records, read_data_block(old))
     section = redact_text(section)  # model paths with credentials, tokens in decisive log lines

@@ -58,9 +58,13 @@ class Context:
     plots_dir: Path | None = None
     findings_path: Path | None = None
     objectives: Any = None  # the sweep's ObjectiveSet (several objectives: the Pareto front)
-    #: ``sweep.approaches`` as ``{"knob", "min_share"}`` (None: the sweep names no approaches)
+    #: ``sweep.approaches`` as ``{"knob", "min_share", ...}`` (None: the sweep names no approaches)
     approaches: dict[str, Any] | None = None
     serving: dict[str, Any] | None = None  # the serving check of the winner (sweeps.search.serving_check)
+    #: ``sweep.budget.trials`` (what an approach quota is owed by; None: no trial budget)
+    trial_budget: int | None = None
+    #: why the sweep's last loop stopped (study user attr ``stop_reason``; None while it runs)
+    stop_reason: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.objective, str):
@@ -139,6 +143,7 @@ def context_from_spec(spec: Any, study_name: str, fingerprint: Mapping[str, str]
         plots_dir=Path(spec.store_dir) / "reports" / study_name, findings_path=Path(spec.findings_path),
         objectives=getattr(spec, "objective_set", None),
         approaches=spec.sweep.approaches.model_dump() if getattr(spec.sweep, "approaches", None) else None,
+        trial_budget=spec.sweep.budget.trials,
     )
 
 

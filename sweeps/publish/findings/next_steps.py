@@ -103,7 +103,12 @@ def _tie_lines(ctx: Context) -> list[str]:
     rep = int(conf.get("repeats") or 0)
     cap = int(conf.get("max_repeats") or 0)  # 0: a confirmation stored without a race
     done = max(int(e.get("n") or 0) for e in [win, *ties])
-    if cap and ((conf.get("decision") or {}).get("status") == "budget_spent" or done >= cap):
+    status = (conf.get("decision") or {}).get("status")
+    if cap and status == "undecidable" and done < cap:
+        # the race stopped early: its cap could not decide them (projected); only a higher cap can
+        at, flag = (f"{done} repeats (the race stopped: {cap} could not decide them)",
+                    f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}")
+    elif cap and (status == "budget_spent" or done >= cap):
         # the race already ran each config to its cap: only a higher cap adds repeats (they accumulate)
         at, flag = f"{done} repeats, the race's cap", f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}"
     else:

@@ -38,7 +38,9 @@ def _winner(recs: Sequence[trial_records.TrialRecord], conf: Mapping[str, Any] |
     confirmation entry)."""
     best = best_of(recs, conf, obj)
     if conf and conf.get("winner") is not None:
-        best = next((r for r in recs if r.number == conf["winner"]), best)
+        from sweeps.search.confirm import config_record
+
+        best = config_record(list(recs), conf, conf["winner"]) or best
         return best, next((e for e in conf.get("entries", []) if e.get("trial") == conf["winner"]), None)
     return best, None
 

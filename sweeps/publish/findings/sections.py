@@ -74,11 +74,24 @@ def confirmation_lines(conf: Mapping[str, Any], obj: Objective | None = None) ->
         tok = "reference" if e.get("is_baseline") else {True: "= baseline", False: "**differ**",
                                                           None: "not compared"}[e.get("tokens_match")]
         out.append(row([
-            f"t{e['trial']}" + (" (baseline)" if e.get("is_baseline") else ""), e.get("label", cfg(e.get("config", {}))),
+            f"t{e['trial']}" + (" (baseline)" if e.get("is_baseline") else "")
+            + (f" (added: t{e['derived_from']}, {e.get('step')})" if e.get("derived_from") is not None else ""),
+            e.get("label", cfg(e.get("config", {}))),
             f"{e.get('n', 0)}/{conf.get('repeats')}", fmt(e.get("mean")),
             f"{fmt(e.get('ci_low'))}–{fmt(e.get('ci_high'))}",
             f"{fmt(sp, 3)} ({fmt(spci[0], 3)}–{fmt(spci[1], 3)})" if sp else "–",
             tok, e.get("verdict", "")]))
+    derived = conf.get("derived") or []
+    if derived:
+        fresh = sum(1 for d in derived if not d.get("in_study"))
+        out += ["", f"The race added {len(derived)} config(s) one step simpler than its pick (a knob back to the "
+                    f"baseline's value, or a numeric one a level toward it): the pick moves to a simpler config "
+                    f"the race cannot separate below it; {fresh} of them no sweep trial had measured (numbered from "
+                    f"t{min((int(d['trial']) for d in derived if not d.get('in_study')), default=0)}: their "
+                    f"launches are confirmation runs, counted with the confirmation's launches and GPU-hours)."
+                if fresh else
+                f"The race added {len(derived)} config(s) one step simpler than its pick, all measured in the sweep: "
+                f"the pick moves to a simpler config the race cannot separate below it."]
     if conf.get("winner_note"):
         out += ["", conf["winner_note"]]
     return out

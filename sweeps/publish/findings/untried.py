@@ -8,8 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sweeps.config.spec import ApproachesConfig
 from sweeps.publish.findings.context import Context
 from sweeps.publish.findings.groups import Group, outcome
+from sweeps.search.coverage import Coverage, quota_lines, release_lines
 from sweeps.search.untried import knowledge_filter
 from sweeps.store import records as trial_records
 
@@ -117,6 +119,25 @@ def level_reason(ctx: Context, records: Sequence[trial_records.TrialRecord], kno
     return "not proposed yet"
 
 
+def _owed_note(ctx: Context, launched: Sequence[trial_records.TrialRecord],
+               when: Mapping[str, Any] | None) -> str:
+    """For a knob active only under an approach whose quota is still owed (or was not paid):
+    ``; `speculative=eagle3` is still owed 5 of its 9 launches`` (with ``: the sweep stopped
+    (<reason>)`` once it has), '' otherwise. Its levels were proposed in fewer launches than
+    the quota will give them, which is part of why one is not launched."""
+    ap = ctx.approaches
+    if not ap or not when or ap.get("knob") not in when or ctx.trial_budget is None or ctx.space is None:
+        return ""
+    cov = Coverage(ApproachesConfig(**dict(ap)), ctx.space, ctx.objective, ctx.trial_budget)
+    if sum(cov.counts(launched, ()).values()) >= ctx.trial_budget:
+        return ""
+    owed = {v: n for v, n in cov.owed(launched, ()).items() if v in tuple(when[ap["knob"]])}
+    if not owed:
+        return ""
+    what = ", ".join(f"`{ap['knob']}={v}` is still owed {n} of its {cov.quota()} launches" for v, n in owed.items())
+    return f"; {what}" + (f": the sweep stopped ({ctx.stop_reason})" if ctx.stop_reason else "")
+
+
 def _knob_lines(ctx: Context, records: Sequence[trial_records.TrialRecord],
                 launched: Sequence[trial_records.TrialRecord]) -> list[str]:
     lines: list[str] = []
@@ -133,7 +154,8 @@ def _knob_lines(ctx: Context, records: Sequence[trial_records.TrialRecord],
         never = [v for v in lv if v not in tried]
         if not never:
             continue
-        parts = [f"{v} ({level_reason(ctx, records, p.name, v, ok)})" for v in never]
+        owed = _owed_note(ctx, launched, p.when)
+        parts = [f"{v} ({level_reason(ctx, records, p.name, v, ok)}{owed})" for v in never]
         cond = f" (when {', '.join(f'{k}={list(v)}' for k, v in p.when.items())})" if p.when else ""
         lines.append(f"- `{p.name}`{cond}: never launched: {', '.join(parts)}")
     return lines
@@ -142,9 +164,11 @@ def _knob_lines(ctx: Context, records: Sequence[trial_records.TrialRecord],
 def coverage_lines(ctx: Context, launched: Sequence[trial_records.TrialRecord]) -> list[str]:
     """Launches per approach (``sweep.approaches``) and per level of every finite knob.
 
-    Returns ``- approaches (`speculative`, min share 30 %): none 21 (70 %), eagle3 9 (30 %)``
-    and one ``- `knob`: level n (share), ...`` line per knob (levels in the space's order; a
-    conditional knob's shares are of the launches that set it)."""
+    Returns ``- approaches (`speculative`, min share 30 % of the 30-launch trial budget, owed by
+    its end): none 21 (70 %), eagle3 9 (30 %)``, then the quota still owed or not paid
+    (:func:`sweeps.search.coverage.quota_lines`) and the evidence of a released quota, and one
+    ``- `knob`: level n (share), ...`` line per knob (levels in the space's order; a conditional
+    knob's shares are of the launches that set it)."""
     lines: list[str] = []
     n = len(launched)
     if not n or ctx.space is None:
@@ -161,9 +185,19 @@ def coverage_lines(ctx: Context, launched: Sequence[trial_records.TrialRecord]) 
             continue
         cells = ", ".join(f"{v} {c} ({100 * c / active:.0f} %)" for v, c in counts)
         if ap and p.name == ap.get("knob"):
-            short = [str(v) for v, c in counts if c / active < float(ap.get("min_share", 0))]
+            share = float(ap.get("min_share", 0))
+            budget = ctx.trial_budget
+            if budget is not None:
+                quota = Coverage(ApproachesConfig(**dict(ap)), ctx.space, ctx.objective, budget).quota()
+                short = [str(v) for v, c in counts if quota is not None and c < quota]
+                of = f" of the {budget}-launch trial budget ({quota} launches), owed by its end"
+            else:
+                short = [str(v) for v, c in counts if c / active < share]
+                of = ""
             note = f"; below the share: {', '.join(short)}" if short else ""
-            lines.insert(0, f"- approaches (`{p.name}`, min share {100 * float(ap['min_share']):.0f} %): {cells}{note}")
+            lines.insert(0, f"- approaches (`{p.name}`, min share {100 * share:.0f} %{of}): {cells}{note}")
+            lines[1:1] = [*quota_lines(ap, ctx.space, launched, budget, ctx.stop_reason, ctx.objective),
+                          *release_lines(ap, ctx.space, launched, ctx.objective)]
         else:
             lines.append(f"- `{p.name}`: {cells}")
     return lines
