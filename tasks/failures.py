@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from tasks.failure_corpus import PARTS
 from tasks.failure_events import ERROR, ERRORISH, FATAL, WARN, LogView
 from tasks.failure_signatures import (
@@ -527,8 +529,37 @@ def _report(path: str, c: Classification, near: list) -> str:
     return "\n".join(out)
 
 
+def _read_log(path: str) -> tuple[str, int | None, str | None]:
+    """``(log text, exit code it states, label)`` of one CLI argument.
+
+    A failure-corpus entry (a ``.yaml``/``.yml`` mapping with a ``log`` text, the format of
+    ``tasks/failure_corpus/<part>/<id>.yaml``) gives its ``log`` field, its ``exit_code`` and, as
+    the label, its expected class and kind: the rest of the file is a person's words about the
+    log, not log lines. Any other file is the log itself (exit code and label None).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    text = Path(path).read_text(errors="replace")
+    if Path(path).suffix.lower() not in (".yaml", ".yml"):
+        return text, None, None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text, None, None
+    if not isinstance(raw, dict) or not isinstance(raw.get("log"), str):
+        return text, None, None
+    code = raw.get("exit_code")
+    label = (f"corpus entry {raw.get('id', Path(path).stem)}: its log field; expected "
+             f"{raw.get('expected_class', '?')} ({raw.get('expected_kind', '?')})")
+    return raw["log"], code if isinstance(code, int) and not isinstance(code, bool) else None, label
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     """``python -m tasks.failures [--exit-code N] [--phase P] [--tsv] LOG...``; returns 0, or 2 on unreadable files.
+
+    A failure-corpus entry file (``tasks/failure_corpus/<part>/<id>.yaml``) is read as its
+    ``log`` field with its ``exit_code`` (:func:`_read_log`), and its expected class is shown.
 
     Prints, per log, the class, kind, phase, decisive line and the nearest entries of the
     public corpus with their threads; ``--tsv`` prints ``PATH<TAB>CLASS<TAB>KIND<TAB>SIGNATURE``
@@ -552,12 +583,13 @@ def main(argv: Iterable[str] | None = None) -> int:
     rc = 0
     for path in a.logs:
         try:
-            text = Path(path).read_text(errors="replace")
+            text, entry_code, label = _read_log(path)
         except OSError as e:
             print(f"{path}: {e.strerror}", file=sys.stderr)
             rc = 2
             continue
-        c = with_speedup(classify(text, a.exit_code, a.phase), speedup)
+        code = a.exit_code if a.exit_code is not None else entry_code
+        c = with_speedup(classify(text, code, a.phase), speedup)
         if a.tsv:
             print(f"{path}\t{c.failure_class}\t{c.kind}\t{c.signature}")
             continue
@@ -566,7 +598,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             from tasks.failure_corpus import nearest
 
             near = nearest(c.line, c.failure_class, a.nearest, a.corpus_parts, decisive=_corpus_line)
-        print(_report(path, c, near))
+        print(_report(path, c, near) + (f"\n  ({label})" if label else ""))
     return rc
 
 

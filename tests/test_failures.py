@@ -412,6 +412,27 @@ def test_cli_exit_code_flag_and_missing_file(tmp_path):
     assert "missing.log" in r.stderr
 
 
+
+def test_cli_reads_a_corpus_entry_as_its_log_field(tmp_path, capsys):
+    """A corpus entry file is classified on its ``log`` field with its exit code, never on the
+    person's ``why:`` sentence (which names the cause in words a signature would match)."""
+    from tasks.failures import main
+
+    entry = tmp_path / "x-1.yaml"
+    entry.write_text(yaml.safe_dump({
+        "id": "x-1", "exit_code": None, "expected_class": "healthy", "expected_kind": "healthy",
+        "why": "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "log": "[2025-01-01 00:00:00] INFO:     Started server process [1]\n"
+               "[2025-01-01 00:00:02] The server is fired up and ready to roll!\n"
+               "[2025-01-01 00:00:03] INFO:     127.0.0.1:5000 - \"POST /generate HTTP/1.1\" 200 OK\n"}))
+    assert main(["--nearest", "0", str(entry)]) == 0
+    out = capsys.readouterr().out
+    assert "class:    healthy" in out and "illegal memory access" not in out
+    assert "corpus entry x-1: its log field; expected healthy (healthy)" in out
+    plain = tmp_path / "plain.yaml"  # a YAML file that is not an entry is read as it is
+    plain.write_text("key: value\n")
+    assert main(["--tsv", str(plain)]) == 0 and capsys.readouterr().out.startswith(f"{plain}\t")
+
 @needs_shared
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_redacted_log_classifies_the_same(case):
