@@ -202,8 +202,10 @@ def test_transient_failure_retried_once_then_breaker_on_unknown_class(fast_tmp):
     recs = [r for r in records.load_records(drv.study) if r.launched]
     assert len(recs) == 3
     assert all(r.failure_class == "unknown" and r.attempts == 2 for r in recs)
-    for r in recs:  # the first attempt's log is kept beside the final one
-        assert (records.trial_dir(spec.store_dir, drv.study_name, r.number) / "server.attempt1.log").exists()
+    for r in recs:  # the first attempt's log is kept beside the final one (a probe's, for a trial ended at its probe)
+        d = records.trial_dir(spec.store_dir, drv.study_name, r.number)
+        assert (d / ("server.probe.attempt1.log" if r.probe is not None else "server.attempt1.log")).exists(), \
+            sorted(x.name for x in d.iterdir())
     # a transient class never becomes a rule, and the config is not a dead end (Optuna FAIL)
     assert drv.rules.list() == []
     assert all(t.state == TrialState.FAIL for t in drv.study.trials if records.record_from_trial(t).launched)
