@@ -68,6 +68,12 @@ def test_console_findings_mlflow_and_recheck_agree(swept):
     # the console: the same baseline, winner, confirmed value and counts
     for line in (s.baseline_text(), s.winner_text(), s.counts_text()):
         assert line in console, (line, console)
+    # the console's table: the winner marked, each speedup against the summary's baseline (the findings')
+    rows = {int(c[0]): c for c in (line.strip("│┃ ").split("│") for line in console.splitlines())
+            if len(c) >= 7 and c[0].strip().isdigit()}
+    rows = {k: [x.strip() for x in v] for k, v in rows.items()}
+    assert rows and all(v[2] == f"{float(v[1]) / s.baseline.value:.2f}x" for v in rows.values()), rows
+    assert "[winner]" in rows[s.winner][6] and sum("[winner]" in v[6] for v in rows.values()) == 1
     # the findings: the same numbers
     assert s.counts_text() in doc
     assert f"**{metric_text(obj.name, s.baseline.value).replace(' tok/s', '')}" in doc or \

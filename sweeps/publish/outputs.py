@@ -265,7 +265,7 @@ class Publisher:
         kw: dict[str, Any] = {"confirmation": confirmation, "note": note}
         s = self.study_summary(recs, confirmation)
         if s is not None:
-            kw.update(headline=s.lines(), classes=s.counts.by_class)
+            kw.update(headline=s.lines(), classes=s.counts.by_class, reference=s.baseline.value, winner=s.winner)
         self.progress.summary(recs, best, base, stop_reason, self.spec.findings_path, **kw)
         front = front_lines(recs, self.objectives)
         for line in front:

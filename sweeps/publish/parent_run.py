@@ -264,7 +264,8 @@ def relog(spec: Any, study: Any, study_name: str, parent_run_id: str) -> None:
         from sweeps.publish.summary import summary_of_study
 
         summary = summary_of_study(spec, study, recs)
-        kw.update(headline=summary.lines(), classes=summary.counts.by_class)
+        kw.update(headline=summary.lines(), classes=summary.counts.by_class, reference=summary.baseline.value,
+                  winner=summary.winner)
     (reports / "summary.txt").write_text(progress.summary_text(
         recs, best, trial_records.baseline_value(recs, objs), None, spec.findings_path, **kw))
     log_truth(tracker, spec, study_name, study, recs, reports)

@@ -76,14 +76,19 @@ class Progress:
     def summary(self, recs: list[TrialRecord], best: TrialRecord | None, baseline: float | None,
                 stop_reason: str | None, findings: Path, confirmation: dict | None = None,
                 note: str | None = None, headline: Sequence[str] | None = None,
-                classes: Mapping[str, tuple[int, int]] | None = None) -> None:
+                classes: Mapping[str, tuple[int, int]] | None = None, reference: float | None = None,
+                winner: int | None = None) -> None:
         """The closing table: top configs (when any ranks), failures by class, the best launch
         command; ``note`` (why nothing was measured, or why speedups are missing) is the last
         line, where a reader of a long log looks.
 
         ``headline``: the counts, GPU-hours, baseline and winner lines of the study's one summary
         (:meth:`sweeps.publish.summary.StudySummary.lines`), printed instead of this printer's own;
-        ``classes``: failure class -> (launched trials, proposals skipped), the summary's counts.
+        ``classes``: failure class -> (launched trials, proposals skipped), the summary's counts;
+        ``reference``: the summary's baseline value (its confirmed mean where confirmed), which the
+        table's speedups are taken against, so they are the findings' speedups (None: each
+        trial's own ``speedup_vs_baseline``, against the baseline's run of the sweep);
+        ``winner``: the summary's winner, marked in the table.
         """
         c = self.console
         c.rule(escape(f"servesweep: {self.study_name}"))
@@ -94,16 +99,22 @@ class Progress:
         obj = self.objective
         ok = ranked_records(recs, obj)  # a silently degraded level is not listed as that level
         unit = "tok/s" if obj.name == "decode_tok_s" else obj.name
-        t = Table(title="best configurations (decode tok/s, batch 1)" if obj.name == "decode_tok_s"
-                  else f"best configurations ({obj.label})")
+        t = Table(title=("best configurations (decode tok/s, batch 1)" if obj.name == "decode_tok_s"
+                         else f"best configurations ({obj.label})")
+                  + ("; single runs, speedup vs the summary's baseline" if reference else ""))
         for col in ("trial", unit, "speedup", "TTFT ms", "ITL p50 ms", "accept len", "config"):
             t.add_column(col)
-        for r in ok[:8]:
-            sp = r.metrics.get("speedup_vs_baseline")
-            t.add_row(str(r.number), f"{value_of(r, obj):.1f}", f"{sp:.2f}x" if sp else "-",
+        shown = ok[:8]
+        if winner is not None and winner not in {r.number for r in shown}:
+            shown += [r for r in ok if r.number == winner]
+        for r in shown:
+            v = value_of(r, obj)
+            sp = obj.ratio(v, reference) if reference and v else r.metrics.get("speedup_vs_baseline")
+            marks = (" [baseline]" if r.is_baseline else "") + (" [winner]" if r.number == winner else "")
+            t.add_row(str(r.number), f"{v:.1f}", f"{sp:.2f}x" if sp else "-",
                       f"{r.metrics.get('ttft_ms_p50', float('nan')):.0f}", f"{r.metrics.get('itl_ms_p50', float('nan')):.1f}",
                       f"{r.metrics.get('accept_length', 1.0):.2f}",
-                      escape(run_name(r).split(" ", 1)[-1] + (" [baseline]" if r.is_baseline else "")))
+                      escape(run_name(r).split(" ", 1)[-1] + marks))
         # a value its load search only bounded (failed at the incumbent's rate): listed with its bound, unranked
         for r in [r for r in recs if r.status == "ok" and r.duplicate_of is None and value_of(r, obj) is None
                   and censored_text(r.metrics, obj.name)][:8]:
