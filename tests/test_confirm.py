@@ -220,16 +220,22 @@ def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
         assert 0 <= lo <= e["speedup_mean"] <= (hi if hi is not None else float("inf"))
     launches = len(drv._trial_task.calls)
     assert launches == 3 + 3 + 6 + 6 and len(out["launches"]) == launches
+    # each batch of launches is a round of its own: the first 3 repeats each, then one per round
+    rounds = {t: [x["round"] for x in out["launches"] if x["trial"] == t] for t in by}
+    assert rounds[0] == rounds[3] == [0, 0, 0] and rounds[1] == rounds[2] == [0, 0, 0, 1, 2, 3]
+    assert out["round"] == 3
     # rerun at the same settings: the stored evidence answers it, nothing is launched
     drv._trial_task.calls.clear()
     again = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01, futility=False)
     assert not drv._trial_task.calls and again["winner"] == out["winner"]
+    assert again["round"] == 3 and [x["round"] for x in again["launches"]] == [x["round"] for x in out["launches"]]
     # a larger budget adds evidence: the first values stay, only the racing configs get more
     more = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=8, margin=0.01, futility=False)
     by2 = {e["trial"]: e for e in more["entries"]}
     assert by2[1]["values"][:6] == by[1]["values"] and by2[0]["values"] == by[0]["values"]
     assert len(drv._trial_task.calls) == 4 and by2[1]["launched"] == by2[2]["launched"] == 8
-    assert more["round"] == out["round"] + 1
+    assert more["round"] == out["round"] + 2  # 6 -> 7 -> 8 repeats: two more rounds
+    assert sorted({x["round"] for x in more["launches"]} - {x["round"] for x in out["launches"]}) == [4, 5]
     # every launch had its own noise seed, across both rounds
     nums = [x["repeat"] for x in more["launches"] if x["trial"] == 1]
     assert nums == list(range(8))

@@ -146,6 +146,19 @@ def test_the_race_stops_when_the_repeat_budget_cannot_decide():
     assert decision.projected([90, 92, 88], 7) and statistics.variance(decision.projected([90, 92, 88], 7)) == pytest.approx(4.0)
 
 
+def test_an_undecidable_reason_accounts_for_every_member_of_the_tie_group():
+    """t2 (the pick) is undecidable against the leader t1 at 8 repeats; t3 is in the tie group
+    too but not raced on (the pick is non-inferior to it): the reason names it and why, so no
+    member of the tie group goes unexplained."""
+    d = decision.decide([_c(0, [80, 80.5, 79.8]), _c(1, [90, 91.5, 88.5], non_default=2),
+                         _c(2, [89.5, 89.6, 89.4], non_default=1), _c(3, [88.0, 88.1, 87.9], non_default=3)],
+                        True, 0.01, 0.95, 8)
+    assert d.status == "undecidable" and d.tie_group == [2, 1, 3]
+    named = d.reason.split(" Tie group ")[0]
+    assert "is not distinguishable from t2 at 95 %" in named
+    assert "t3 neither separated from t1 nor shown equivalent, but ranked after the pick" in named
+
+
 def test_repick_applies_the_serving_check_within_the_tie_group():
     conf = {"winner": 2, "tie_group": [2, 1], "decision": {"pick": 2, "tie_group": [2, 1]},
             "entries": [{"trial": 1, "values": [90, 92, 88], "n": 3, "non_default": 3, "cost": 10,

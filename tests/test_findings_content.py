@@ -177,7 +177,8 @@ def test_break_even_acceptance_next_to_the_measured_one(tmp_path):
 def test_next_steps_ties_rechecks_and_plot_links(tmp_path):
     text, _ = render_section(ctx(tmp_path), sweep())
     sec = text.split("### Next steps")[1]
-    assert "**Ties that need more repeats**: the winner t2 89.9 (86.0–93.9) overlaps t1 88.6 (83.3–93.9) at 3 repeats" in sec
+    assert ("**Ties that need more repeats**: the winner t2 89.9 (86.0–93.9, 3 runs) overlaps "
+            "t1 88.6 (83.3–93.9, 3 runs). Re-run") in sec
     assert "sweep.confirm.repeats=6" in sec
     assert "torch_symm_mem_unsupported (t4; after a torch / nccl upgrade)" in sec
     assert "`python run_sweep.py sweep=recheck source=camp node=<the upgraded node>`" in sec
@@ -251,15 +252,19 @@ def test_a_tie_at_the_race_cap_asks_for_a_higher_cap_not_more_repeats(tmp_path):
     conf = {**CONF, "max_repeats": 8, "decision": {"status": "budget_spent"},
             "entries": [{**e, "n": 3 if e["is_baseline"] else 8} for e in CONF["entries"]]}
     sec = render_section(ctx(tmp_path, conf=conf), sweep())[0].split("### Next steps")[1]
-    assert "overlaps t1 88.6 (83.3–93.9) at 8 repeats, the race's cap" in sec
+    assert "overlaps t1 88.6 (83.3–93.9, 8 runs). The race ran them to its cap (`max_repeats`, 8 per config)." in sec
     assert "sweep.confirm.max_repeats=16" in sec and "sweep.confirm.repeats=" not in sec
 
 
 def test_a_tie_the_race_could_not_decide_asks_for_a_higher_cap(tmp_path):
     """A race stopped as undecidable (its cap could not decide the tie, projected) before the
-    cap: the next step raises the cap, and says the race stopped early."""
+    cap: the next step raises the cap, says the race stopped early and why, and gives each
+    config its own number of runs (the race repeats only the undecided, so they differ)."""
     conf = {**CONF, "max_repeats": 8, "decision": {"status": "undecidable"},
-            "entries": [{**e, "n": 3} for e in CONF["entries"]]}
+            "entries": [{**e, "n": 5 if e["trial"] == 2 else 3} for e in CONF["entries"]]}
     sec = render_section(ctx(tmp_path, conf=conf), sweep())[0].split("### Next steps")[1]
-    assert "at 3 repeats (the race stopped: 8 could not decide them)" in sec
+    assert "the winner t2 89.9 (86.0–93.9, 5 runs) overlaps t1 88.6 (83.3–93.9, 3 runs)." in sec
+    assert ("The race stopped them early: projected to `max_repeats` (8 per config) from their means and "
+            "spreads so far, they could still not be decided.") in sec
+    assert "at 5 repeats" not in sec and "8 could not decide" not in sec
     assert "sweep.confirm.max_repeats=16" in sec and "sweep.confirm.repeats=" not in sec

@@ -107,6 +107,18 @@ def test_recheck_on_new_fingerprint_reports_fusion_fixed(source_store):
     assert {r.failure_class for r in b_rules} == DEAD_CLASSES - {"flashinfer_allreduce_fusion_unsupported_arch"}
     report = (store / "findings" / f"{drv.study_name}.md").read_text()
     assert "| fixed |" in report and "flashinfer_allreduce_fusion_unsupported_arch" in report
+    # the baseline canary's new run is the recheck's baseline: the summary the console and the
+    # MLflow parent print measures against it, as the report does
+    from sweeps.publish.summary import summary_of_study
+
+    canary = next(o for o in canaries if o.dead_end.label == "baseline")
+    summ = summary_of_study(spec, drv.study)
+    assert canary.value and summ.baseline.value == pytest.approx(canary.value)
+    assert summ.baseline.trial == canary.trial
+    assert summ.parent_metrics()[f"baseline_{spec.objective_set.primary.name}"] == pytest.approx(canary.value)
+    console = (store / "reports" / drv.study_name / "summary.txt").read_text()
+    assert "baseline: not measured" not in console and summ.baseline_text() in console
+    assert summ.baseline_text() in summ.markdown()
     # resuming the same recheck launches nothing new
     again = recheck(spec, _InProcessRecheck)
     assert again.launched == drv.launched

@@ -11,7 +11,8 @@ study and the rules table and re-runs, once each, on the current fingerprint:
   full config of the source trial that failed (or was skipped); and each allreduce level
   the source saw silently replaced (``allreduce_path_degraded``);
 - two canaries: the source's baseline and best configs, so a regression of a config that
-  used to work shows up as *newly failing*.
+  used to work shows up as *newly failing*. The baseline canary is the recheck study's
+  baseline (user attr ``is_baseline``): its summary's baseline is that canary's new run.
 
 Dead ends learned on the current fingerprint are not re-run (the environment did not
 change; they are listed as ``not re-run``). Outcomes:
@@ -296,8 +297,11 @@ class RecheckSearcher(Searcher):
                 space.setdefault(k, v)
         for d in self.dead_ends:
             own = dists.get(d.source_trial) or {k: space[k] for k in d.params if k in space}
+            # the baseline canary is the recheck study's baseline: the summary (console, MLflow
+            # parent) and each trial's speedup_vs_baseline measure against it, as the report does
+            base = {trial_records.A_BASELINE: True} if d.kind == "canary" and d.label == "baseline" else {}
             self.study.enqueue_trial(
-                d.params, user_attrs={A_RECHECK: asdict(d),
+                d.params, user_attrs={A_RECHECK: asdict(d), **base,
                                       A_DISTS: {k: distribution_to_json(v) for k, v in own.items()}},
                 skip_if_exists=True)
         log.info("recheck of %s on %s: %d dead end(s)/canaries to re-run, %d learned on this environment (not re-run)",

@@ -342,7 +342,6 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
     renders = _renders(driver, todo, extra_env)
     nondef = non_default_counts(renders, next((i for i, (_, b) in enumerate(todo) if b), None))
     launched_round = False
-    rnd = ev.next_round
     runner: Runner[int] | None = None
     while not driver.interrupted:
         out = ev.summarize(todo, repeats, confidence, obj, margin=margin, max_repeats=cap,
@@ -357,6 +356,7 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
         if runner is None:
             # the sweep's executor (its slots, its Ray); no retries: a failed repeat is a missing value
             runner = Runner(driver.executor, driver.profile, driver.spec.backend.retries_transient)
+        rnd = ev.next_round  # each batch of launches is a round of its own: ev.add advances ev.round
         jobs = _jobs(driver, todo, need, ev, renders, rnd)
         log.info("confirmation round %d: %d launch(es) (%s)", rnd, len(jobs),
                  ", ".join(f"t{todo[i][0].number} x{n}" for i, n in need.items()))
@@ -378,7 +378,7 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
         log.info("confirmation of trials %s already answered by %d stored launch(es); nothing launched",
                  cand_ids, len(ev.launches))
         return old  # type: ignore[no-any-return]
-    out.update(top_k=k, derived=derived, candidates=cand_ids, round=rnd if launched_round else ev.round,
+    out.update(top_k=k, derived=derived, candidates=cand_ids, round=max(ev.round, 0),
                date=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat() if launched_round
                else old.get("date", _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()),
                wall_s=round(time.monotonic() - t0 + (0.0 if force else float(old.get("wall_s") or 0.0)), 2))

@@ -429,9 +429,30 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
         reason = (f"t{lead.trial} ({fmt(lead.mean)}) separated from every other contender "
                   f"at {confidence * 100:.0f} % (Welch"
                   + (f", Bonferroni over {len(live) - 1} comparisons)." if len(live) > 2 else ")."))
+    if status in ("budget_spent", "undecidable"):
+        reason += _rest_of_group(group, open_, left, rel, lead, pct, confidence)
     if len(group) > 1:
         reason += f" Tie group {', '.join(f't{t}' for t in tie)}; {pick_sentence(chosen.trial, decided_by(group, chosen))}"
     return Decision(status, lead.trial, rel, tie, chosen.trial, [], reason)
+
+
+def _rest_of_group(group: Sequence[Contender], open_: Sequence[Contender], left: Sequence[Contender],
+                   rel: Mapping[int, str], lead: Contender, pct: str, confidence: float) -> str:
+    """The sentence on the tie group's members a budget-spent or undecidable reason has not
+    named (its sentence names only those still open: ``open_``): those equivalent to the leader
+    and those the pick is non-inferior to; "" when there are none, so every member is accounted for."""
+    named = {c.trial for c in open_} | {lead.trial}
+    eq = [c for c in group if c.trial not in named and rel.get(c.trial) == "equivalent"]
+    members = {c.trial for c in group}
+    after = [c for c in left if c.trial not in named and c.trial in members]
+    parts = []
+    if after:
+        parts.append(f"{', '.join(f't{c.trial}' for c in after)} neither separated from t{lead.trial} nor shown "
+                     f"equivalent, but ranked after the pick by the tie-break and not better than it by more than "
+                     f"{pct} (non-inferiority at {confidence * 100:.0f} %; not raced on)")
+    if eq:
+        parts.append(f"{', '.join(f't{c.trial}' for c in eq)} equivalent to t{lead.trial} within {pct} (TOST)")
+    return (" " + "; ".join(parts) + ".") if parts else ""
 
 
 def repick(confirmation: Mapping[str, object], serving: Mapping[int, bool | None],
