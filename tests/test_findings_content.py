@@ -86,6 +86,27 @@ def test_one_consistent_best_quotes_confirmed_means(tmp_path):
     assert data["sweeps"][-1]["best_value"] == 89.9
 
 
+def test_the_plain_reference_is_the_tie_groups_pick_not_its_highest_mean(tmp_path):
+    # the fresh user's campaign: t27 had the tie group's highest confirmed mean, the tie-break
+    # picked t29 (settings nearer the baseline's); the reference proposed is the pick, at its mean
+    conf = {**CONF, "winner": 2, "tie_group": [2, 1],
+            "entries": [entry(0, 82.0, 78.0, 86.0, base=True), entry(1, 90.4, 88.0, 92.8, verdict="tie group"),
+                        entry(2, 89.9, 86.0, 93.9, verdict="winner")]}
+    text, _ = render_section(ctx(tmp_path, conf=conf), sweep())
+    line = next(x for x in text.splitlines() if "The plain-decoding reference moved" in x)
+    assert "82.0 -> 89.9 tok/s" in line and "(t2, the confirmed winner, picked in its tie group t1, t2)" in line
+    assert "nccl_proto default -> LL, cuda_graph_max_bs 512 -> 32" in line
+    assert "90.4" not in line and "(t1)" not in line
+
+
+def test_a_speculative_winner_leaves_the_plain_reference_to_the_best_plain_config(tmp_path):
+    recs = [*sweep(), rec(5, 95.0, speculative="eagle3")]
+    conf = {**CONF, "winner": 5, "entries": [*CONF["entries"], entry(5, 94.0, 92.0, 96.0, verdict="winner")]}
+    text, _ = render_section(ctx(tmp_path, conf=conf), recs)
+    line = next(x for x in text.splitlines() if "The plain-decoding reference moved" in x)
+    assert "82.0 -> 89.9 tok/s" in line and "(t2)" in line and "confirmed winner" not in line
+
+
 def test_without_confirmation_values_are_single_measurements(tmp_path):
     text, data = render_section(ctx(tmp_path, conf=None), sweep())
     assert "**t1: 91.6 tok/s**" in text and "not yet confirmed with repeats" in text

@@ -102,7 +102,9 @@ def test_skipped_proposals_are_counted_on_the_parent(swept):
     parent = next(x for x in runs if _tags(x).get("servesweep.role") == "study")
     m = _metrics(parent)
     assert m["skipped_total"] == len(skipped)
-    assert m["trials_launched"] == sum(r.launched for r in recs)
+    # launches of the trial budget; re-question probes (probe-only launches of known dead ends) apart
+    assert m["trials_launched"] == sum(r.budgeted for r in recs)
+    assert m["requestion_probes"] == sum(r.launched and r.requestion for r in recs)
     assert sum(m[f"skipped_{k}"] for k in ("rule", "duplicate", "degraded", "infeasible", "other")) == len(skipped)
     table = httpx.get(f"{server.url}/get-artifact", params={"path": "skipped.csv", "run_uuid": parent["info"]["run_id"]},
                       timeout=30)

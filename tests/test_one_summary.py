@@ -103,7 +103,21 @@ def test_counts_add_up_and_book_every_launch(swept):
     s = summary_of_study(spec, drv.study)
     c = s.counts
     recs = records.load_records(drv.study)
-    assert c.proposals == c.launched + c.answered == sum(r.launched for r in recs) + len(skipped(recs))
+    assert c.proposals == c.launched + c.probes + c.answered == sum(r.launched for r in recs) + len(skipped(recs))
+    # a re-question probe (one probe-only launch of a known dead end) is not a launch of the
+    # trial budget: the console, the findings and the MLflow parent count it apart
+    probes = [r for r in recs if r.launched and r.requestion]
+    assert c.probes == len(probes) >= 1 and c.launched == sum(r.budgeted for r in recs)
+    import re
+
+    status = drv.progress.status_line(recs, 0, 0.0)  # the console's periodic status line
+    assert f"launched {c.launched}/{spec.sweep.budget.trials} (+{c.probes} re-question probe" in status, status
+    assert c.probes_text() in s.counts_text()
+    assert parent.data.metrics["requestion_probes"] == c.probes
+    assert parent.data.metrics["trials_launched"] == c.launched
+    dead = spec.findings_path.read_text().split("### Dead ends", 1)[1].split("\n### ", 1)[0]
+    for r in probes:
+        assert f"re-questioned by a probe (t{r.number}" in dead, dead
     assert c.answered == sum(c.by_reason.values())
     assert c.launched == c.ok + c.failed + c.infra
     conf = drv.study.user_attrs["confirmation"]
@@ -114,13 +128,12 @@ def test_counts_add_up_and_book_every_launch(swept):
     assert s.gpu.basis == "modelled" and "modelled" in console
     assert parent.data.metrics["gpu_hours"] == pytest.approx(s.gpu.total)
     # the findings' space counts are a partition of the feasible configs
-    import re
 
     doc = spec.findings_path.read_text()
     total, launched, excluded, left = map(int, re.search(
         r"configs: (\d+) feasible in the space = (\d+) launched \+ (\d+) excluded by known dead ends \+ "
         r"\*\*(\d+) not yet tried", doc).groups())
-    assert total == launched + excluded + left and launched <= c.launched
+    assert total == launched + excluded + left and launched <= c.launched + c.probes
     # allreduce_path_degraded: the console's launched count is the findings' list of trials
     degraded = next(line for line in doc.splitlines() if "is not what runs** (allreduce_path_degraded)" in line)
     n_deg = len(re.findall(r"\bt\d+\b", degraded.split("fell back to NCCL (", 1)[1].split(";", 1)[0]))

@@ -67,11 +67,11 @@ def test_emulated_probe_never_fails_a_memory_class(env):
     assert probe["status"] == "ok"
 
 
-def _campaign_driver(tmp_path, trials: int, extra: tuple[str, ...] = ()) -> InProcessDriver:
+def _campaign_driver(tmp_path, trials: int, extra: tuple[str, ...] = (), findings: bool = False) -> InProcessDriver:
     store = tmp_path / "store"
     spec = load_spec(compose_cfg([*CAMPAIGN, f"sweep.budget.trials={trials}", f"tracking.store_dir={store}",
                                   f"tracking.findings_dir={store / 'findings'}", *extra]))
-    drv = InProcessDriver(spec)
+    drv = InProcessDriver(spec, findings=findings)
     drv.setup()
     drv.loop()
     return drv
@@ -84,7 +84,10 @@ def test_known_dead_end_seeds_are_re_questioned_by_a_probe_and_a_pass_launches_i
     drv = _campaign_driver(tmp_path, 8, ("sweep.seed_each_level_of=[allreduce,nccl_algo,moe_a2a_backend]",))
     trials = {t.number: t for t in drv.study.get_trials()}
     recs = {r.number: r for r in records.load_records(drv.study)}
-    assert sum(r.launched for r in recs.values()) == 8  # a probe does not spend the trial budget twice
+    # a probe does not spend the trial budget twice, and a re-question probe (probe-only) not at all
+    # (README: probes count in the GPU-hours, not in the trial budget)
+    assert sum(r.budgeted for r in recs.values()) == 8
+    assert sum(r.launched and r.requestion for r in recs.values()) == 4
     dead = {n: t.user_attrs["probe"] for n, t in trials.items()
             if (t.user_attrs.get("probe") or {}).get("dead_end") and recs[n].status == "failed"}
     assert {recs[n].failure_class for n in dead} == {
@@ -108,6 +111,39 @@ def test_known_dead_end_seeds_are_re_questioned_by_a_probe_and_a_pass_launches_i
     base = next(n for n, r in recs.items() if r.params == {**BASE})
     assert "probe" not in trials[base].user_attrs  # the baseline's levels are never probed
     assert (records.trial_dir(drv.spec.store_dir, drv.study_name, ring) / "server.probe.log").exists()
+
+
+def test_re_question_probes_count_as_probes_in_the_budget_the_quota_and_the_findings(tmp_path):
+    """The campaign's four shipped dead ends are re-questioned by one probe each (t-numbers
+    before the sampler's); a 6-launch trial budget still buys 6 launches besides them, the
+    approaches quota counts those 6 only, and the findings count and name the probes as such."""
+    from sweeps.publish.summary import summary_of_study
+    from sweeps.search.coverage import Coverage
+
+    drv = _campaign_driver(tmp_path, 6, ("sweep.serving_check=false",), findings=True)
+    recs = records.load_records(drv.study)
+    asked = [r for r in recs if r.launched and r.requestion]
+    assert len(asked) == 4 and all(r.status == "failed" for r in asked)
+    assert sum(r.budgeted for r in recs) == 6 and drv.launched == 6
+    assert drv.stop_reason == "trial budget spent (6 launched)"
+    cov = Coverage(drv.spec.sweep.approaches, drv.space, budget=6)
+    assert sum(cov.counts(recs, ()).values()) == 6
+    c = summary_of_study(drv.spec, drv.study).counts
+    assert (c.launched, c.probes, c.probes_passed) == (6, 4, 0)
+    assert c.launched == c.ok + c.failed + c.infra and c.failed == sum(r.status == "failed" for r in recs
+                                                                       if r.budgeted)
+    assert "launched 6/6 (+4 re-question probes)" in drv.progress.status_line(recs, 0, 0.0)
+    drv.finish()
+    doc = "\n".join(f.read_text() for f in (tmp_path / "store" / "findings").glob("*.md"))
+    assert "4 re-question probes (4 reproduced their dead end, 0 no longer did)" in doc
+    dead = doc.split("### Dead ends", 1)[1].split("\n### ", 1)[0]
+    for r in asked:
+        line = next(x for x in dead.splitlines() if f"**{r.failure_class}**" in x)
+        assert f"re-questioned by a probe (t{r.number}, of shipped knowledge " in line, line
+        assert "it still fails" in line
+    approaches = doc.split("### Approaches", 1)[1].split("\n### ", 1)[0]
+    assert "(+1 re-question probe)" in approaches
+    assert "- not counted above: 4 re-question probes" in doc
 
 
 def test_cleared_marker_per_fingerprint(tmp_path):

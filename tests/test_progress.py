@@ -45,3 +45,26 @@ def test_every_confirmation_launch_prints_a_line(tmp_path):
     assert len(confirm) == total >= 4
     assert confirm[-1].startswith(f"confirm {total}/{total} t")
     assert all("tok/s" in x or "failed" in x for x in confirm), confirm
+
+
+def test_the_console_line_of_a_re_question_probe_says_it_is_one(tmp_path):
+    """A re-question probe (one probe-only launch of a known dead end) prints as such: a pass
+    says the dead end no longer reproduces (not a blank 'not benchmarked'), a failure that it
+    still does."""
+    from sweeps.config.spec import load_spec
+    from sweeps.publish.outputs import Publisher
+    from tasks.types import TrialResult
+    from tests.conftest import compose_cfg
+
+    spec = load_spec(compose_cfg(["backend=instant", "sweep=eagle3_allreduce", f"tracking.store_dir={tmp_path}"]))
+    pub = Publisher(spec, "s", track=False, findings=False)
+    lines: list[str] = []
+    pub.progress.event = lines.append
+    cfg = {**dict(spec.sweep.baseline), "nccl_algo": "Tree"}
+    pub.trial_done(3, cfg, TrialResult(trial_number=3, status="ok"), {}, requestion=True)
+    pub.trial_done(4, cfg, TrialResult(trial_number=4, status="failed", failure_class="nccl_env_algo_proto_invalid"),
+                   {}, requestion=True)
+    pub.trial_done(5, cfg, TrialResult(trial_number=5, status="ok"), {})  # a trial that ended at its probe
+    assert lines[0].startswith("t003 ") and "re-question probe passed: the dead end no longer reproduces" in lines[0]
+    assert "re-question probe failed nccl_env_algo_proto_invalid: the dead end still reproduces" in lines[1]
+    assert "not benchmarked" in lines[2] and "re-question" not in lines[2]

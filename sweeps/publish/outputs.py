@@ -125,15 +125,22 @@ class Publisher:
             {"params": params, "argv": redact_argv(tspec.argv), "env": sorted(tspec.env),
              "backend": self.spec.backend.kind, "node": self.spec.node.name, "model": self.spec.model.name}, indent=1))
 
-    def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float]) -> None:
-        """One line in the terminal for a finished trial."""
+    def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float],
+                   requestion: bool = False) -> None:
+        """One line in the terminal for a finished trial (``requestion``: a re-question probe,
+        one probe-only launch of a known dead end, said so: it is not a launch of the budget)."""
         from sweeps.store.tracking import run_name
         from tasks.load_search import censored_text
 
         name = run_name(trial_records.TrialRecord(number=number, state="", params=params, status=res.status,
                                       perf_tags=res.perf_tags))
         censored = censored_text(metrics, self.objectives.primary.name) if res.status == "ok" else None
-        if censored is not None:  # a load search that stopped at a bound: the bound is the value
+        if requestion:
+            what = ("passed: the dead end no longer reproduces" if res.status == "ok"
+                    and trial_records.DEGRADED not in res.perf_tags else
+                    f"{res.status} {res.failure_class or ''}: the dead end still reproduces")
+            line = f"{name}: re-question probe {what}"[:200]
+        elif censored is not None:  # a load search that stopped at a bound: the bound is the value
             line = f"{name}: {censored} (censored: the rate search stopped at this bound)"
         elif res.status == "ok" and metrics.get(self.objectives.primary.name) is None:  # ended at its probe
             line = f"{name}: not benchmarked: {res.failure_class or ''} {res.failure_signature or ''}"[:200]
@@ -183,7 +190,7 @@ class Publisher:
         with best_effort("update MLflow at the end (rerun the command to sync)", logging.WARNING):
             self._sync(recs)
             outcome = sweep_outcome(recs, self.spec, self.study_name)
-            tags = {"stop_reason": stop_reason or "", "trials_launched": str(sum(r.launched for r in recs)),
+            tags = {"stop_reason": stop_reason or "", "trials_launched": str(sum(r.budgeted for r in recs)),
                     "sweep_outcome": INTERRUPTED if interrupted else outcome.kind,
                     "sweep_outcome_reason": outcome.line or ""}
             if best is not None:

@@ -50,7 +50,7 @@ def skip_counts(records: list[TrialRecord]) -> tuple[dict[str, float], dict[str,
     by_class = Counter(r.failure_class for r in rows if r.failure_class)
     metrics: dict[str, float] = {f"skipped_{k}": float(by_reason.get(k, 0)) for k in SKIP_REASONS}
     metrics["skipped_total"] = float(len(rows))
-    metrics["trials_launched"] = float(sum(r.launched for r in records))
+    metrics["trials_launched"] = float(sum(r.budgeted for r in records))  # re-question probes: not of the budget
     return metrics, {f"skipped_by_class.{k}": str(v) for k, v in sorted(by_class.items())}
 
 

@@ -9,9 +9,11 @@ the confirmed winner and every count are computed once and agree wherever they a
   (:func:`sweeps.publish.findings.best.baseline_measured`);
 * winner: the confirmation's winner at its confirmed mean (``confirmed``), else the best single
   measurement, labelled as such (``best_single`` is always the luckiest single run);
-* counts: every finished proposal is exactly one of launched or answered without GPU time
-  (by reason, :func:`sweeps.publish.parent_run.skip_reason`); per failure class the launched
-  trials that hit it (a silently degraded allreduce path included) and the proposals skipped
+* counts: every finished proposal is exactly one of launched (a launch of the trial budget),
+  a re-question probe (one probe-only launch of a known dead end: GPU time, but not a launch of
+  the budget) or answered without GPU time (by reason,
+  :func:`sweeps.publish.parent_run.skip_reason`); per failure class the launched trials and
+  probes that hit it (a silently degraded allreduce path included) and the proposals skipped
   for it;
 * GPU-hours: sweep launches (their probes included), confirmation launches and serving-check
   launches on one clock, labelled ``modelled`` (an emulated node: nothing real ran) or
@@ -64,17 +66,22 @@ class Counts:
     """What happened to the study's proposals.
 
     Attributes:
-        proposals: finished proposals (``launched + answered``).
-        launched: launched trials (GPU time spent); ``ok``/``failed``/``infra`` of them.
+        proposals: finished proposals (``launched + probes + answered``).
+        launched: launched trials of the trial budget (GPU time spent); ``ok``/``failed``/``infra`` of them.
+        probes: re-question probes (:attr:`sweeps.store.records.TrialRecord.requestion`): GPU
+            time spent, not launches of the budget; ``probes_passed`` of them no longer
+            reproduced their dead end.
         answered: proposals answered without GPU time; ``by_reason`` splits them (rule,
             duplicate, degraded, infeasible, other).
-        by_class: failure class -> ``(launched trials that hit it, proposals skipped for it)``;
+        by_class: failure class -> ``(launched trials and re-question probes that hit it, proposals skipped for it)``;
             ``allreduce_path_degraded`` counts launched trials whose server fell back to NCCL.
         confirm_launches: confirmation launches (the repeats); serving_launches: serving-check launches.
     """
 
     proposals: int = 0
     launched: int = 0
+    probes: int = 0
+    probes_passed: int = 0
     ok: int = 0
     failed: int = 0
     infra: int = 0
@@ -86,8 +93,16 @@ class Counts:
 
     @property
     def all_launches(self) -> int:
-        """Every launch the study paid for: trials, confirmation repeats, serving checks."""
-        return self.launched + self.confirm_launches + self.serving_launches
+        """Every launch the study paid for: trials, re-question probes, confirmation repeats, serving checks."""
+        return self.launched + self.probes + self.confirm_launches + self.serving_launches
+
+    def probes_text(self) -> str:
+        """``4 re-question probes (3 reproduced their dead end, 1 no longer did)``; "" without any."""
+        if not self.probes:
+            return ""
+        kept = self.probes - self.probes_passed
+        return (f"{self.probes} re-question probe{'s' if self.probes != 1 else ''} ({kept} reproduced "
+                f"{'its' if self.probes == 1 else 'their'} dead end, {self.probes_passed} no longer did)")
 
 
 @dataclass(frozen=True)
@@ -174,7 +189,8 @@ class StudySummary:
         c = self.counts
         why = ", ".join(f"{v} {k}" for k, v in c.by_reason.items() if v)
         return (f"{c.proposals} proposals: {c.launched} launched ({c.ok} ok, {c.failed} failed, {c.infra} infra), "
-                f"{c.answered} answered without GPU time" + (f" ({why})" if why else "")
+                + (f"{c.probes_text()}, " if c.probes else "")
+                + f"{c.answered} answered without GPU time" + (f" ({why})" if why else "")
                 + f"; {c.confirm_launches} confirmation launches"
                 + (f", {c.serving_launches} serving-check launches" if c.serving_launches else "") + ".")
 
@@ -259,6 +275,7 @@ class StudySummary:
             f"best_{o}": self.winner_value.value, f"best_single_{o}": self.best_single[1],
             f"baseline_{o}": self.baseline.value, "best_speedup_vs_baseline": self.speedup,
             "proposals": self.counts.proposals, "trials_launched": self.counts.launched,
+            "requestion_probes": self.counts.probes,
             "answered_without_gpu": self.counts.answered, "confirm_launches": self.counts.confirm_launches,
             "serving_check_launches": self.counts.serving_launches, "gpu_hours": self.gpu.total,
             "gpu_hours_trials": self.gpu.trials, "gpu_hours_confirmations": self.gpu.confirmations,
@@ -285,11 +302,12 @@ def _finite(v: Any) -> float | None:
 def count_proposals(recs: Sequence[trial_records.TrialRecord], confirmation: Mapping[str, Any] | None = None,
                     serving: Mapping[str, Any] | None = None) -> Counts:
     """:class:`Counts` of ``recs`` (every finished proposal once) and the extra launches."""
-    launched = [r for r in recs if r.launched]
+    launched = [r for r in recs if r.budgeted]
+    probes = [r for r in recs if r.launched and r.requestion]
     answered = skipped(list(recs))
     reasons = Counter(skip_reason(r) for r in answered)
     by_class: dict[str, list[int]] = {}
-    for r in launched:
+    for r in launched + probes:
         cls = r.failure_class if r.status in ("failed", "infra_error") else None
         if cls:
             by_class.setdefault(cls, [0, 0])[0] += 1
@@ -298,7 +316,8 @@ def count_proposals(recs: Sequence[trial_records.TrialRecord], confirmation: Map
     for r in answered:
         if r.failure_class:
             by_class.setdefault(r.failure_class, [0, 0])[1] += 1
-    return Counts(proposals=len(launched) + len(answered), launched=len(launched),
+    return Counts(proposals=len(launched) + len(probes) + len(answered), launched=len(launched), probes=len(probes),
+                  probes_passed=sum(r.status == "ok" and not (r.probe or {}).get("dead_end") for r in probes),
                   ok=sum(r.status == "ok" for r in launched), failed=sum(r.status == "failed" for r in launched),
                   infra=sum(r.status in ("infra_error", "interrupted") for r in launched),
                   answered=len(answered), by_reason={k: reasons[k] for k in sorted(reasons)},

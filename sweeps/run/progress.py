@@ -52,8 +52,9 @@ class Progress:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(line)}", markup=True, soft_wrap=True)
 
     def status_line(self, recs: list[TrialRecord], running: int, t_start: float) -> str:
-        launched = [r for r in recs if r.launched]
-        failed = sum(r.status in ("failed", "infra_error") for r in recs)
+        launched = [r for r in recs if r.budgeted]  # re-question probes are not launches of the budget
+        probes = sum(r.requestion and r.launched for r in recs)
+        failed = sum(r.status in ("failed", "infra_error") for r in recs if not r.requestion)
         skipped = sum(r.status in ("skipped", "infeasible") for r in recs)
         ranked = ranked_records(recs, self.objective)
         best = value_of(ranked[0], self.objective) if ranked else None
@@ -62,10 +63,10 @@ class Progress:
         if self.budget and walls:
             left = max(0, self.budget - len(launched) - running) + self.confirm_launches
             eta = f", ETA {eta_s(walls, left, running, self.slots):.0f} s"
-        return (f"[{self.study_name}] launched {len(launched)}/{self.budget or '-'}, running {running}, "
-                f"failed {failed}, skipped {skipped}, best {metric_text(self.objective.name, best)}" if best is not None else
-                f"[{self.study_name}] launched {len(launched)}/{self.budget or '-'}, running {running}, "
-                f"failed {failed}, skipped {skipped}") + eta
+        head = (f"[{self.study_name}] launched {len(launched)}/{self.budget or '-'}"
+                + (f" (+{probes} re-question probe{'s' if probes != 1 else ''})" if probes else "")
+                + f", running {running}, failed {failed}, skipped {skipped}")
+        return head + (f", best {metric_text(self.objective.name, best)}" if best is not None else "") + eta
 
     def refresh(self, study: optuna.Study, running: int, t_start: float, every_s: float = 15.0) -> None:
         now = time.monotonic()

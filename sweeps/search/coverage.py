@@ -110,10 +110,11 @@ class Coverage:
         return out
 
     def counts(self, records: Iterable[trial_records.TrialRecord], running: Iterable[Mapping[str, Any]]) -> dict[Any, int]:
-        """Launches per level: launched trials (finished, not duplicates) plus configs in flight."""
+        """Launches per level: launched trials of the trial budget (finished, not duplicates, not
+        re-question probes: those are not launches of the budget) plus configs in flight."""
         out = {v: 0 for v in self.levels}
         for r in records:
-            if r.launched and r.state not in ("RUNNING", "WAITING") and r.params.get(self.knob) in out:
+            if r.budgeted and r.state not in ("RUNNING", "WAITING") and r.params.get(self.knob) in out:
                 out[r.params[self.knob]] += 1
         for p in running:
             if p.get(self.knob) in out:

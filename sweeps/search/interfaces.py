@@ -48,8 +48,9 @@ class SweepPublisher(Protocol):
         """Write a launch's server log and files (``suffix`` names a probe or an attempt)."""
         ...
 
-    def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float]) -> None:
-        """A trial finished (its terminal line)."""
+    def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float],
+                   requestion: bool = False) -> None:
+        """A trial finished (its terminal line); ``requestion``: a re-question probe (not a launch of the budget)."""
         ...
 
     def refresh(self, study: optuna.Study, running: int, t_start: float) -> None:

@@ -62,7 +62,7 @@ class SweepLoop:
 
     Attributes:
         searcher / runner: set by :meth:`setup` (None before).
-        launched: trials of the budget launched (the study's, over resumes).
+        launched: trials of the budget launched (the study's, over resumes; re-question probes are not).
         asks / consecutive_skips: proposals asked, and answered without a launch in a row.
         stop_reason: why the loop stops (None while it runs).  interrupted: Ctrl-C seen.
     """
@@ -222,9 +222,10 @@ class SweepLoop:
         self.searcher = self.make_searcher(study, rules, implicated, self._node_fingerprint(executor))
         study_store.recover_stale(study)
         # the trial budget is the study's: a resumed sweep continues where it stopped;
-        # interrupted trials (Ctrl-C, a killed driver) are re-queued: they do not spend the budget
+        # interrupted trials (Ctrl-C, a killed driver) are re-queued: they do not spend the budget;
+        # nor do re-question probes (README: probes count in the GPU-hours, not in the trial budget)
         self.launched = sum(1 for r in records.load_records(study)
-                            if r.launched and r.state != "RUNNING" and r.status != "interrupted")
+                            if r.budgeted and r.state != "RUNNING" and r.status != "interrupted")
         study_store.enqueue_seeds(study, self.spec, self.space, self.searcher.known_dead_end)
         self.searcher.prepare()
 
@@ -267,8 +268,9 @@ class SweepLoop:
 
     def _room(self) -> bool:
         cap = self.spec.sweep.budget.trials or 10**9
+        budgeted = sum(1 for f in self.inflight.values() if not f.trial.user_attrs.get(A_REQUESTION))
         return not self.interrupted and self._runner().has_room() and self.budget_left() \
-            and self.launched + len(self.inflight) < cap
+            and self.launched + budgeted < cap
 
     def _running(self) -> list[tuple[int, dict[str, Any]]]:
         return [(f.trial.number, f.params) for f in self.inflight.values()]
@@ -377,14 +379,15 @@ class SweepLoop:
         t = f.trial
         searcher = self._searcher()
         self.publisher.save_files(t.number, f.params, f.spec, res)
-        if res.status not in ("skipped", "interrupted"):  # interrupted configs are re-queued
+        # interrupted configs are re-queued; a re-question probe is not a launch of the budget
+        if res.status not in ("skipped", "interrupted") and not t.user_attrs.get(A_REQUESTION):
             self.launched += 1
         metrics = searcher.metrics(f, res)
         searcher.tell(f, res, metrics)
         bad = res.status == "infra_error" or res.failure_class == "unknown"
         self.recent_bad = (self.recent_bad + [bad])[-self.spec.sweep.circuit_breaker.window:]
         self._check_breaker()
-        self.publisher.trial_done(t.number, f.params, res, metrics)
+        self.publisher.trial_done(t.number, f.params, res, metrics, requestion=bool(t.user_attrs.get(A_REQUESTION)))
         self._pending_flush = True
 
     def _check_breaker(self) -> None:

@@ -94,6 +94,18 @@ class TrialRecord(Outcome):
         return self.status in LAUNCHED and self.duplicate_of is None
 
     @property
+    def requestion(self) -> bool:
+        """True for a re-question trial (:func:`sweeps.search.probes.requestion_configs`): one
+        probe-only launch of a known dead end, a probe in the GPU-hours but not a launch of the
+        trial budget (``sweep.budget.trials``) nor of the approaches quota."""
+        return bool((self.probe or {}).get("requestion"))
+
+    @property
+    def budgeted(self) -> bool:
+        """True for a launch of the trial budget: :attr:`launched` and not a :attr:`requestion` probe."""
+        return self.launched and not self.requestion
+
+    @property
     def violated(self) -> list[str]:
         """``violated_constraints`` (the name the findings use)."""
         return self.violated_constraints

@@ -123,29 +123,55 @@ def _drift_lines(drift: Mapping[str, Any] | None, obj: Objective) -> list[str]:
                 + f" (measured: {_measured_note(drift)})."]
 
 
+def _plain(r: trial_records.TrialRecord) -> bool:
+    return r.params.get("speculative", "none") in ("none", None)
+
+
+def plain_reference(ctx: Context, recs: Sequence[trial_records.TrialRecord]) -> tuple[trial_records.TrialRecord | None, bool]:
+    """(the plain-decoding config the findings propose as the reference, whether it is the
+    confirmation's winner). The confirmation's winner when it decodes plainly: the race's pick
+    (its tie-break chooses within a tie group), never second-guessed by a tie-group member's
+    higher mean or the best single measurement. Otherwise the best plain config judged by
+    :func:`~sweeps.publish.findings.best.measured`. ``(None, False)`` without a plain config."""
+    conf = ctx.confirmation or {}
+    if conf.get("winner") is not None:
+        from sweeps.search.confirm import config_record
+
+        w = config_record(list(recs), conf, conf["winner"])
+        if w is not None and _plain(w):
+            return w, True
+    plain = [r for r in recs if r.duplicate_of is None and _plain(r)]
+    return best_of(plain, ctx.confirmation, ctx.objective), False
+
+
 def _plain_reference_lines(ctx: Context, recs: Sequence[trial_records.TrialRecord], base: float | None) -> list[str]:
     """A plain-decoding config that beat the declared baseline by more than the noise: the
-    reference speculative configs must beat. Judged on confirmed means where confirmation
-    re-measured a config (:func:`~sweeps.publish.findings.best.measured`), so a lucky draw that did
-    not hold up is never quoted."""
+    reference speculative configs must beat (:func:`plain_reference`: the confirmed winner when
+    it decodes plainly). Judged on confirmed means where confirmation re-measured a config
+    (:func:`~sweeps.publish.findings.best.measured`), so a lucky draw that did not hold up is
+    never quoted."""
     obj = ctx.objective
-    plain = [r for r in recs if r.duplicate_of is None and r.params.get("speculative", "none") in ("none", None)]
-    bp = best_of(plain, ctx.confirmation, obj)
+    bp, is_winner = plain_reference(ctx, recs)
     if not base or bp is None or bp.is_baseline:
         return []
     m = measured(bp, ctx.confirmation, obj)
     v = m.value
-    if not obj.ratio(v, base) > 1 + DRIFT_THRESHOLD:
+    if v is None or not obj.ratio(v, base) > 1 + DRIFT_THRESHOLD:
         return []
     diff = [(k, ctx.baseline_config.get(k), x) for k, x in bp.params.items() if ctx.baseline_config.get(k) != x]
+    if not diff:  # the baseline's own config (a race-added config equal to it): nothing to adopt
+        return []
     change = ", ".join(f"{k} {a} -> {b}" for k, a, b in diff)
+    ties = [int(t) for t in ((ctx.confirmation or {}).get("tie_group") or [])]
+    which = (f"t{bp.number}, the confirmed winner" + (f", picked in its tie group {trials(ties)}" if len(ties) > 1 else "")
+             if is_winner else f"t{bp.number}")
     if not m.confirmed:  # one lucky draw is not a reference to adopt
         return ["", f"A plain-decoding config measured {measure.value_text(v, obj)} once ({obj.ratio(v, base):.2f}x the "
                     f"baseline; single measurement, not confirmed) with {change} (t{bp.number}). It is not "
                     "advised as `sweep.baseline`: confirm it first (a larger `sweep.confirm.top_k`)."]
     return ["", f"**The plain-decoding reference moved in this sweep: {fmt(base)} -> {measure.value_text(v, obj)} "
                 f"({obj.ratio(v, base):.2f}x; {m.how()}) with {change}"
-                + f" (t{bp.number}).** Speculative configs must beat this, not only the declared baseline; "
+                + f" ({which}).** Speculative configs must beat this, not only the declared baseline; "
                 "consider it as `sweep.baseline` for the next sweep."]
 
 

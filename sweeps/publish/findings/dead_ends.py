@@ -37,6 +37,29 @@ def _learned_rule(ctx: Context, cls: str, rs: Sequence[records.TrialRecord]) -> 
         e.get("sweep") == ctx.study and e.get("trial_number") in numbers for e in rule.evidence)), None)
 
 
+def _requestioned(r: records.TrialRecord) -> str:
+    """What a re-question probe asked again: ``rule 3``, ``shipped knowledge x, y``."""
+    asked = (r.probe or {}).get("requestion") or {}
+    what = [f"rule {i}" for i in asked.get("rules") or []]
+    if asked.get("entries"):
+        what.append("shipped knowledge " + ", ".join(str(e) for e in asked["entries"]))
+    return "; ".join(what)
+
+
+def _trials_text(rs: Sequence[records.TrialRecord]) -> str:
+    """The failing trials of one class: ``t7, t9``, and for each re-question probe among them
+    ``re-questioned by a probe (t5, of rule 3): it still fails`` (a probe-only launch of a known
+    dead end, outside the trial budget)."""
+    full = [r for r in rs if not r.requestion]
+    parts = [trials(r.number for r in full)] if full else []
+    for r in rs:
+        if r.requestion:
+            asked = _requestioned(r)
+            parts.append(f"re-questioned by a probe (t{r.number}" + (f", of {asked}" if asked else "")
+                         + "; one probe-only launch, outside the trial budget): it still fails")
+    return "; ".join(parts)
+
+
 def failure_lines(ctx: Context, recs: Sequence[records.TrialRecord]) -> tuple[list[str], set[str]]:
     """(one entry per failure class of launched trials, most frequent first; the classes seen)."""
     out: list[str] = []
@@ -54,7 +77,7 @@ def failure_lines(ctx: Context, recs: Sequence[records.TrialRecord]) -> tuple[li
         rule = _learned_rule(ctx, cls, rs)  # what was learned, else what the failing trials share
         when = cfg(rule.knobs if rule is not None else _shared_knobs(ctx, cls, rs)) or "any config"
         out.append(f"- **{cls}** ({kind}, {phase}) when {when}" + (f" (rule {rule.id})" if rule is not None else "")
-                   + f": {trials(r.number for r in rs)}"
+                   + f": {_trials_text(rs)}"
                    + (f"; {skipped} later proposal(s) skipped without GPU time" if skipped else ""))
         if sig:
             out.append(f"  - decisive line ({how}): {code(sig)}")

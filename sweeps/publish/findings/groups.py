@@ -64,7 +64,13 @@ class Group:
 
     @property
     def launched(self) -> int:
-        return len(self.ok) + len(self.degraded) + len(self.failed) + len(self.infra)
+        """Launches of the trial budget (re-question probes are not: :attr:`probes`)."""
+        return sum(not r.requestion for r in (*self.ok, *self.degraded, *self.failed, *self.infra))
+
+    @property
+    def probes(self) -> int:
+        """Re-question probes (one probe-only launch each of a known dead end, outside the trial budget)."""
+        return sum(r.requestion for r in (*self.ok, *self.degraded, *self.failed, *self.infra))
 
     def add(self, r: trial_records.TrialRecord) -> None:
         """File ``r`` under its outcome (duplicates are not counted)."""

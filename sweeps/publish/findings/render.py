@@ -54,7 +54,7 @@ def _sweeps_data(ctx: Context, recs: Sequence[trial_records.TrialRecord], best: 
     best_v = measured(best, ctx.confirmation, obj).value if best else None
     this = {"study": ctx.study, "date": ctx.now, "objective": obj.name, "best_value": best_v,
             "best_config": best.params if best else None, "best_trial": best.number if best else None,
-            "baseline_value": base, "launched": sum(r.launched for r in recs)}
+            "baseline_value": base, "launched": sum(r.budgeted for r in recs)}
     if obj.name == LEGACY_OBJECTIVE:
         this.update(best_tok_s=best_v, baseline_tok_s=base)
     return prev, (prev + [this])[-SWEEPS_KEPT:]

@@ -26,7 +26,7 @@ def counts_line(ctx: Context, recs: Sequence[records.TrialRecord], summary: Any 
     if summary is not None:
         return (f"Updated {ctx.now}. {summary.counts_text()} {summary.gpu.text()}."
                 + (f" **{n_run} trial(s) running.**" if n_run else ""))
-    launched = [r for r in recs if r.launched]
+    launched = [r for r in recs if r.budgeted]  # re-question probes: not launches of the trial budget
     n_ok = sum(r.status == "ok" for r in launched)
     n_fail = sum(r.status == "failed" for r in launched)
     n_infra = sum(r.status in ("infra_error", "interrupted") for r in launched)
@@ -165,14 +165,15 @@ def approaches_section(gk: list[str], groups: dict[tuple, Group], base: float | 
          "|" + "---|" * (len(gk) + 5)]
     rows = list(groups.values())
     if len(rows) > MAX_GROUP_ROWS:
-        rows = [g for g in rows if g.launched or g.skipped]
+        rows = [g for g in rows if g.launched or g.probes or g.skipped]
     for g in rows:
         bv, bt = best_in(g, obj)
         cm = measured(next(r for r in g.ok if r.number == bt), conf, obj) if bv is not None else None
         best_txt = f"{fmt(bv)} (t{bt})" + (f", confirmed {fmt(cm.value)}" if cm and cm.confirmed else "")
         L.append(row([*g.key, best_txt if bv is not None else "–",
                       f"{sp:.2f}x" if (sp := measure.ratio(bv, base, obj)) is not None else "–",
-                      g.launched, len(g.skipped), outcome(g, base, obj)]))
+                      f"{g.launched}" + (f" (+{g.probes} re-question probe{'s' if g.probes != 1 else ''})"
+                                         if g.probes else ""), len(g.skipped), outcome(g, base, obj)]))
     L.append("")
     return L
 

@@ -218,7 +218,12 @@ def untried_section(ctx: Context, records: Sequence[trial_records.TrialRecord], 
             total, n_launched, excluded, rest = left
             lines.append(f"- configs: {total} feasible in the space = {n_launched} launched + {excluded} excluded by "
                          f"known dead ends + **{rest} not yet tried**")
-    cov = coverage_lines(ctx, launched)
+    cov = coverage_lines(ctx, [r for r in launched if not r.requestion])
+    probes = [r for r in launched if r.requestion]
+    if cov and probes:  # the trial budget's launches only, as the quota counts them
+        cov.append(f"- not counted above: {len(probes)} re-question probe{'s' if len(probes) != 1 else ''} "
+                   f"({', '.join(f't{r.number}' for r in probes)}), one probe-only launch each of a known dead end "
+                   f"(outside the trial budget; see Dead ends)")
     out = ["### Still untried", "", *(lines or ["Every level of every knob has been launched at least once."]), ""]
     if cov:
         out += ["### Coverage (launched trials per approach and level)", "", *cov, ""]
