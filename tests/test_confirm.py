@@ -458,3 +458,41 @@ def test_the_descent_does_not_relaunch_a_config_the_sweep_saw_fail(tmp_path):
     assert json.dumps(dead, sort_keys=True) not in raced
     assert {x["trial"] for x in out["launches"]} <= {e["trial"] for e in out["entries"]}
     assert out["derived"]  # the other one-step simplifications still joined
+
+
+class _Killed(BaseException):
+    """Stands in for a SIGKILL of the driver: nothing after it runs in ``confirm_top``."""
+
+
+def test_a_driver_killed_mid_race_keeps_its_finished_rounds(tmp_path):
+    """The driver dies (no handler runs) while the race descends; the rounds it finished are in
+    the study, and the resumed race launches only what is missing: fewer launches than a race
+    from scratch, none of the killed run's repeats again, the same winner as an unkilled race."""
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
+    ref = _plateau_driver(tmp_path / "ref", [(base, 82.0, True), (best, 91.0, False)])
+    whole = confirm.confirm_top(ref, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    n_whole = len(ref._trial_task.calls)
+    drv = _plateau_driver(tmp_path / "kill", [(base, 82.0, True), (best, 91.0, False)])
+    task, remote = drv._trial_task, drv._trial_task.remote
+
+    def dies_at_the_descent(spec, profile, workdir):
+        if (spec.trial_number - confirm.CONFIRM_BASE) // 100 >= confirm.DERIVED_BASE:
+            raise _Killed  # the first launch of a race-added config: after the first round
+        return remote(spec, profile, workdir)
+
+    task.remote = dies_at_the_descent
+    with pytest.raises(_Killed):
+        confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    stored = drv.study.user_attrs.get(confirm.ATTR)
+    assert stored and stored["in_progress"] is True and len(stored["launches"]) >= 6  # t0, t1 x3 at least
+    done = {(x["trial"], x["repeat"]) for x in stored["launches"]}
+    first = len(task.calls)
+    task.remote = remote
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    again = task.calls[first:]
+    relaunched = {divmod(c[0] - confirm.CONFIRM_BASE, 100) for c in again}  # (trial, repeat)
+    assert again and len(again) < n_whole and not relaunched & done
+    assert out["winner"] == whole["winner"] and "in_progress" not in out
+    assert drv.study.user_attrs[confirm.ATTR]["winner"] == whole["winner"]
+
