@@ -496,3 +496,32 @@ def test_a_driver_killed_mid_race_keeps_its_finished_rounds(tmp_path):
     assert out["winner"] == whole["winner"] and "in_progress" not in out
     assert drv.study.user_attrs[confirm.ATTR]["winner"] == whole["winner"]
 
+
+def test_a_config_only_the_race_measured_is_a_duplicate_for_the_next_proposal(tmp_path):
+    """After a race that added unmeasured configs, a later proposal of one of them (a resumed
+    sweep with a larger budget) is answered without a launch: a duplicate of the race entry,
+    with its confirmed mean told to Optuna. A config neither measured still launches."""
+    from optuna.trial import TrialState
+
+    from sweeps.search import gates
+    from sweeps.store.study import verdict_for
+
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
+    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    added = [d for d in out["derived"] if not d["in_study"]]
+    assert added
+    for d in added:
+        e = next(e for e in out["entries"] if e["trial"] == d["trial"])
+        skip = gates.duplicate(drv.study, 2, records.config_key(d["config"]), [])
+        assert skip is not None and skip.gate == "duplicate", d
+        assert skip.attrs[records.A_DUPLICATE_OF] == d["trial"]
+        assert skip.attrs[records.A_METRICS] == {"decode_tok_s": pytest.approx(e["mean"])}
+        v = verdict_for(skip.status, source=skip.source)
+        assert v.state == TrialState.COMPLETE and v.values == pytest.approx((e["mean"],))
+    raced = {records.config_key(e["config"]) for e in out["entries"]}
+    fresh = {"speculative": "none", "allreduce": "flashinfer_fusion", "cuda_graph_max_bs": 16}
+    assert records.config_key(fresh) not in raced
+    assert gates.duplicate(drv.study, 2, records.config_key(fresh), []) is None
+
