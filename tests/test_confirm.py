@@ -525,3 +525,27 @@ def test_a_config_only_the_race_measured_is_a_duplicate_for_the_next_proposal(tm
     assert records.config_key(fresh) not in raced
     assert gates.duplicate(drv.study, 2, records.config_key(fresh), []) is None
 
+
+def test_a_race_added_winner_is_the_parents_best_run(tmp_path):
+    """The race's pick is a config no trial measured (no trial run): the parent's ``best_run``
+    is the winner's first confirmation run, nested under the parent."""
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.publish.parent_run import log_truth
+    from sweeps.store.tracking import Tracker
+
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
+    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    assert out["winner"] >= confirm.DERIVED_BASE, out["winner_note"]
+    tr = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "exp", str(tmp_path / "art"))
+    cl = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    tr.parent_run_id = cl.create_run(tr.experiment_id, run_name="parent").info.run_id
+    log_truth(tr, drv.spec, "s", drv.study, records.load_records(drv.study), tmp_path / "reports")
+    tags = cl.get_run(tr.parent_run_id).data.tags
+    assert tags["best_trial"] == str(out["winner"]) and tags.get("best_run"), sorted(tags)
+    run = cl.get_run(tags["best_run"])
+    assert run.data.tags["servesweep.role"] == "confirmation" and run.data.tags["confirms_trial"] == str(out["winner"])
+    assert run.data.tags["mlflow.parentRunId"] == tr.parent_run_id and run.data.tags["repeat"] == "0"
+    assert run.data.tags["status"] == "ok" and "decode_tok_s" in run.data.metrics
