@@ -464,3 +464,94 @@ def test_the_descent_does_not_relaunch_a_config_the_sweep_saw_fail(tmp_path):
     assert json.dumps(dead, sort_keys=True) not in raced
     assert {x["trial"] for x in out["launches"]} <= {e["trial"] for e in out["entries"]}
     assert out["derived"]  # the other one-step simplifications still joined
+
+
+class _Killed(BaseException):
+    """Stands in for a SIGKILL of the driver: nothing after it runs in ``confirm_top``."""
+
+
+def test_a_driver_killed_mid_race_keeps_its_finished_rounds(tmp_path):
+    """The driver dies (no handler runs) while the race descends; the rounds it finished are in
+    the study, and the resumed race launches only what is missing: fewer launches than a race
+    from scratch, none of the killed run's repeats again, the same winner as an unkilled race."""
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
+    ref = _plateau_driver(tmp_path / "ref", [(base, 82.0, True), (best, 91.0, False)])
+    whole = confirm.confirm_top(ref, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    n_whole = len(ref._trial_task.calls)
+    drv = _plateau_driver(tmp_path / "kill", [(base, 82.0, True), (best, 91.0, False)])
+    task, remote = drv._trial_task, drv._trial_task.remote
+
+    def dies_at_the_descent(spec, profile, workdir):
+        if (spec.trial_number - confirm.CONFIRM_BASE) // 100 >= confirm.DERIVED_BASE:
+            raise _Killed  # the first launch of a race-added config: after the first round
+        return remote(spec, profile, workdir)
+
+    task.remote = dies_at_the_descent
+    with pytest.raises(_Killed):
+        confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    stored = drv.study.user_attrs.get(confirm.ATTR)
+    assert stored and stored["in_progress"] is True and len(stored["launches"]) >= 6  # t0, t1 x3 at least
+    done = {(x["trial"], x["repeat"]) for x in stored["launches"]}
+    first = len(task.calls)
+    task.remote = remote
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    again = task.calls[first:]
+    relaunched = {divmod(c[0] - confirm.CONFIRM_BASE, 100) for c in again}  # (trial, repeat)
+    assert again and len(again) < n_whole and not relaunched & done
+    assert out["winner"] == whole["winner"] and "in_progress" not in out
+    assert drv.study.user_attrs[confirm.ATTR]["winner"] == whole["winner"]
+
+
+def test_a_config_only_the_race_measured_is_a_duplicate_for_the_next_proposal(tmp_path):
+    """After a race that added unmeasured configs, a later proposal of one of them (a resumed
+    sweep with a larger budget) is answered without a launch: a duplicate of the race entry,
+    with its confirmed mean told to Optuna. A config neither measured still launches."""
+    from optuna.trial import TrialState
+
+    from sweeps.search import gates
+    from sweeps.store.study import verdict_for
+
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
+    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    added = [d for d in out["derived"] if not d["in_study"]]
+    assert added
+    for d in added:
+        e = next(e for e in out["entries"] if e["trial"] == d["trial"])
+        skip = gates.duplicate(drv.study, 2, records.config_key(d["config"]), [])
+        assert skip is not None and skip.gate == "duplicate", d
+        assert skip.attrs[records.A_DUPLICATE_OF] == d["trial"]
+        assert skip.attrs[records.A_METRICS] == {"decode_tok_s": pytest.approx(e["mean"])}
+        v = verdict_for(skip.status, source=skip.source)
+        assert v.state == TrialState.COMPLETE and v.values == pytest.approx((e["mean"],))
+    raced = {records.config_key(e["config"]) for e in out["entries"]}
+    fresh = {"speculative": "none", "allreduce": "flashinfer_fusion", "cuda_graph_max_bs": 16}
+    assert records.config_key(fresh) not in raced
+    assert gates.duplicate(drv.study, 2, records.config_key(fresh), []) is None
+
+
+def test_a_race_added_winner_is_the_parents_best_run(tmp_path):
+    """The race's pick is a config no trial measured (no trial run): the parent's ``best_run``
+    is the winner's first confirmation run, nested under the parent."""
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.publish.parent_run import log_truth
+    from sweeps.store.tracking import Tracker
+
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
+    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
+    assert out["winner"] >= confirm.DERIVED_BASE, out["winner_note"]
+    tr = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "exp", str(tmp_path / "art"))
+    cl = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    tr.parent_run_id = cl.create_run(tr.experiment_id, run_name="parent").info.run_id
+    log_truth(tr, drv.spec, "s", drv.study, records.load_records(drv.study), tmp_path / "reports")
+    tags = cl.get_run(tr.parent_run_id).data.tags
+    assert tags["best_trial"] == str(out["winner"]) and tags.get("best_run"), sorted(tags)
+    run = cl.get_run(tags["best_run"])
+    assert run.data.tags["servesweep.role"] == "confirmation" and run.data.tags["confirms_trial"] == str(out["winner"])
+    assert run.data.tags["mlflow.parentRunId"] == tr.parent_run_id and run.data.tags["repeat"] == "0"
+    assert run.data.tags["status"] == "ok" and "decode_tok_s" in run.data.metrics

@@ -103,6 +103,16 @@ def _existing_confirm_runs(tracker: Tracker) -> dict[str, Any]:
     return {r.data.tags.get("confirm_key", ""): r for r in runs if r.data.tags.get("servesweep.role") == CONFIRM_ROLE}
 
 
+def confirm_run_of(tracker: Tracker, trial: int) -> str | None:
+    """The run id of ``trial``'s first current confirmation run under this parent (the lowest
+    repeat that measured, else the lowest repeat): the run that stands for a config only the
+    race measured (no trial run). None when ``trial`` has no current confirmation run."""
+    runs = [r for r in _existing_confirm_runs(tracker).values()
+            if r.data.tags.get("confirms_trial") == str(trial) and r.data.tags.get("current") != "false"]
+    pool = [r for r in runs if r.data.tags.get("status") == "ok"] or runs
+    return min(pool, key=lambda r: int(r.data.tags.get("repeat") or 0)).info.run_id if pool else None
+
+
 def confirm_launches(confirmation: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The confirmation's launches (``trial``, ``repeat``, ``round``, ``status``, ``value``,
     ``failure``); a confirmation stored before launches were kept gives its entries' values
@@ -202,7 +212,9 @@ def log_truth(tracker: Tracker, spec: Any, study_name: str, study: Any, recs: li
               reports_dir: Path) -> None:
     """Log to the parent run: skip counts (by reason and class) and ``skipped.csv``; the
     confirmed winner (``confirmed_<objective>`` and its CI, the speedup CI, ``confirmed_trial``,
-    ``best_trial``, ``best_run``, the deployable ``best_launch_command``) and its confirmation runs."""
+    ``best_trial``, ``best_run``: the winner's trial run, or its first confirmation run
+    (:func:`confirm_run_of`) for a config only the race measured; the deployable
+    ``best_launch_command``) and its confirmation runs."""
     from sweeps.publish.deploy import deploy_command_for
 
     obj = spec.objective_set.primary.name
@@ -230,7 +242,8 @@ def log_truth(tracker: Tracker, spec: Any, study_name: str, study: Any, recs: li
         if winner is not None:
             cmd = deploy_command_for(spec, winner.params) or ""
             tags.update(best_trial=str(number), best_launch_command=cmd, confirmed_launch_command=cmd)
-        run = run_id_of(number)
+        # a config only the race measured has no trial run: its confirmation run stands for it
+        run = run_id_of(number) or confirm_run_of(tracker, number)
         if run:
             tags["best_run"] = run
     tracker.log_parent_metrics(metrics)

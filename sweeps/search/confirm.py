@@ -298,7 +298,9 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
 
     Repeats accumulate in the study (``launches`` of the stored confirmation): a later call
     adds to them and launches nothing when the stored evidence already answers the race at
-    these settings (raise ``repeats`` or ``max_repeats`` for more).
+    these settings (raise ``repeats`` or ``max_repeats`` for more). The evidence is stored after
+    every round (marked ``in_progress``), so a driver killed mid-race resumes with the finished
+    launches and launches only the missing ones.
 
     Args:
         driver: a set-up sweep (:class:`ConfirmHost`: its study, spec, profile, backend and
@@ -367,6 +369,16 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
         launched_round = True
         if driver.interrupted:
             break
+        # stored after every round: a driver killed later (SIGKILL, OOM) resumes from here and
+        # launches only what is missing; the final store below replaces it
+        part = ev.summarize(todo, repeats, confidence, obj, margin=margin, max_repeats=cap, non_default=nondef,
+                            serving_check=serving_check, futility=futility)
+        _mark_derived(part, derived)
+        part.update(top_k=k, derived=derived, candidates=[r.number for r, _ in todo], round=rnd, in_progress=True,
+                    date=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
+                    wall_s=round(time.monotonic() - t0 + (0.0 if force else float(old.get("wall_s") or 0.0)), 2),
+                    winner_note="Race in progress: " + str(part.get("winner_note") or ""))
+        _store(driver.study, part)
     if driver.interrupted and not launched_round and not old:
         log.warning("confirmation interrupted; nothing stored")
         return {}
@@ -374,7 +386,8 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
                        serving_check=serving_check, futility=futility)
     cand_ids = [r.number for r, _ in todo]
     _mark_derived(out, derived)
-    if not launched_round and old and old.get("candidates") == cand_ids and ev.same_decision(old, out):
+    if (not launched_round and old and not old.get("in_progress") and old.get("candidates") == cand_ids
+            and ev.same_decision(old, out)):
         log.info("confirmation of trials %s already answered by %d stored launch(es); nothing launched",
                  cand_ids, len(ev.launches))
         return old  # type: ignore[no-any-return]

@@ -69,8 +69,9 @@ def infeasible_skip(violated: list[str]) -> Skip:
 
 
 def duplicate(study: optuna.Study, number: int, key: str, running: Iterable[tuple[int, Mapping[str, Any]]]) -> Skip | None:
-    """A config equal to a finished trial (ok, failed or skipped; not itself a duplicate) or
-    to one in flight (``running``: ``(trial number, params)``); the finished one's facts are copied."""
+    """A config equal to a finished trial (ok, failed or skipped; not itself a duplicate), to
+    one in flight (``running``: ``(trial number, params)``) or to one only the confirmation race
+    measured (:func:`race_measured`); the finished one's facts are copied."""
     dup: int | None = None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         if t.number != number and t.user_attrs.get(A_CONFIG_KEY) == key and t.user_attrs.get(A_DUPLICATE_OF) is None \
@@ -81,7 +82,7 @@ def duplicate(study: optuna.Study, number: int, key: str, running: Iterable[tupl
     if dup is None:
         dup = next((n for n, p in running if trial_records.config_key(dict(p)) == key), None)
     if dup is None:
-        return None
+        return race_measured(study, key)
     # by number without deep-copying every trial (study.trials deep-copies: O(n) per duplicate)
     src = next((t for t in study.get_trials(deepcopy=False) if t.number == dup), None)
     attrs: dict[str, Any] = {A_STATUS: Status.SKIPPED, A_DUPLICATE_OF: dup}
@@ -95,6 +96,29 @@ def duplicate(study: optuna.Study, number: int, key: str, running: Iterable[tupl
     facts = trial_records.outcome_attrs(src) if src is not None else {}
     attrs.update({k: facts[k] for k in copy if k in facts})
     return Skip("duplicate", attrs, status="duplicate", source=src)
+
+
+def race_measured(study: optuna.Study, key: str) -> Skip | None:
+    """A config no study trial measured but the confirmation race did (a race-added config,
+    numbered from :data:`sweeps.search.confirm.DERIVED_BASE`, ``derived`` with ``in_study``
+    False) with a finite confirmed mean: a duplicate of that race entry, its mean copied as the
+    metrics. Optuna is told the mean (COMPLETE) when the study has one objective; with more it
+    is told nothing (the race measures the primary objective only). None otherwise."""
+    from sweeps.search.confirm import ATTR, config_record
+
+    conf = study.user_attrs.get(ATTR) or {}
+    derived = {int(d["trial"]) for d in conf.get("derived") or [] if not d.get("in_study")}
+    entry = next((e for e in conf.get("entries") or [] if int(e.get("trial", -1)) in derived
+                  and isinstance(e.get("config"), dict) and trial_records.config_key(e["config"]) == key), None)
+    rec = config_record([], conf, entry["trial"]) if entry is not None else None
+    if rec is None or not rec.metrics:  # launched but never measured: not a measurement to copy
+        return None
+    src = None
+    if len(study.directions) == 1:
+        src = optuna.trial.create_trial(state=TrialState.COMPLETE, values=list(rec.metrics.values()),
+                                        user_attrs={A_METRICS: dict(rec.metrics)})
+    return Skip("duplicate", {A_STATUS: Status.SKIPPED, A_DUPLICATE_OF: rec.number, A_METRICS: dict(rec.metrics)},
+                status="duplicate", source=src)
 
 
 def degraded_levels(records: Iterable[trial_records.TrialRecord]) -> dict[Any, int]:
