@@ -168,6 +168,27 @@ def build_distinct_log(path: Path, size: int = TEN_MB) -> Path:
     return path
 
 
+def build_sglang_distinct_log(path: Path, size: int = TEN_MB) -> Path:
+    """A ``size``-byte SGLang serving log whose lines all differ: each decode-batch line (which
+    says ``token usage: 0.42``) names its request's id, as a per-request logging patch writes
+    them (the shape an adversarial run timed at 6.4 s CPU when ``usage:`` made every line a
+    trigger line), then the same real crash tail."""
+    import random
+
+    rng = random.Random(1)
+    tail = (REPO / "tests" / "data" / "vllm_logs" / "cpu_engine_core_sigkill_mid_stream.log").read_text()
+    lines, n, i = [], 0, 0
+    while n < size - len(tail):
+        ln = (f"[2026-01-01 10:{i // 3600 % 60:02d}:{i // 60 % 60:02d} TP{i % 8}] Decode batch. #running-req: {i % 97}, "
+              f"#token: {i * 37 % 90000}, token usage: 0.{i % 100:02d}, gen throughput (token/s): {i % 5000}.{i % 10}, "
+              f"#queue-req: {i % 7}, rid='{rng.getrandbits(64):016x}'\n")
+        lines.append(ln)
+        n += len(ln)
+        i += 1
+    path.write_text("".join(lines) + tail)
+    return path
+
+
 def time_big(path: Path) -> list[tuple[float, float]]:
     """(wall s, CPU s of this process) of 3 classifications of the log at ``path`` (this tree's classifier)."""
     from tasks.failures import classify
@@ -199,6 +220,10 @@ def _md(report: dict) -> str:
     if report.get("classify_10mb_distinct_s") is not None:
         lines += [f"10 MB log of distinct lines (each request's prompt logged): {report['classify_10mb_distinct_s']:.3f} s "
                   f"wall, {report['classify_10mb_distinct_cpu_s']:.3f} s CPU."]
+    if report.get("classify_10mb_sglang_distinct_s") is not None:
+        lines += [f"10 MB SGLang log of distinct decode-batch lines (each request's id logged): "
+                  f"{report['classify_10mb_sglang_distinct_s']:.3f} s wall, "
+                  f"{report['classify_10mb_sglang_distinct_cpu_s']:.3f} s CPU."]
     for part, r in report["parts"].items():
         if not r.get("n"):
             continue
@@ -228,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped invalid corpus entry: {msg}", file=sys.stderr)
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     bigs = [] if a.no_timing else [build_big_log(tmp / f"failure_corpus_10mb_{os.getpid()}.log"),
-                                   build_distinct_log(tmp / f"failure_corpus_10mb_distinct_{os.getpid()}.log")]
+                                   build_distinct_log(tmp / f"failure_corpus_10mb_distinct_{os.getpid()}.log"),
+                                   build_sglang_distinct_log(tmp / f"failure_corpus_10mb_sglang_{os.getpid()}.log")]
     try:
         got, times = classify_entries(entries, a.code_root, bigs)
     finally:
@@ -243,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         "classify_10mb_cpu_s": round(med[0][1], 4) if med else None,
         "classify_10mb_distinct_s": round(med[1][0], 4) if med else None,
         "classify_10mb_distinct_cpu_s": round(med[1][1], 4) if med else None,
+        "classify_10mb_sglang_distinct_s": round(med[2][0], 4) if med else None,
+        "classify_10mb_sglang_distinct_cpu_s": round(med[2][1], 4) if med else None,
         "goals": GOALS, "invalid_entries": len(invalid),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "loadavg_1m": round(os.getloadavg()[0], 2)},
@@ -255,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {c['expected']} -> {c['predicted']}: {c['count']}" + (f"  {c['ids']}" if c.get("ids") else ""))
     if med:
         print(f"10 MB log: {med[0][0]:.3f} s wall, {med[0][1]:.3f} s CPU; distinct lines: {med[1][0]:.3f} s wall, "
-              f"{med[1][1]:.3f} s CPU (median of 3)")
+              f"{med[1][1]:.3f} s CPU; SGLang distinct decode lines: {med[2][0]:.3f} s wall, {med[2][1]:.3f} s CPU "
+              "(median of 3)")
     if not a.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         stem = "failure_corpus" + (f"_{a.tag}" if a.tag else "")

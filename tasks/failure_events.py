@@ -198,6 +198,10 @@ _TRIGGERS = ("error", "exception", "fatal", "fail", "warn", "assert", "abort", "
              "not supported", "not compatible", "usage:", "broadcast block", "ninja", "nvcc", "ptxas", "errno",
              "already in use", "invalid", "kernel image", "not enough", "sigquit", "critical", "illegal")
 _TRIGGER_BYTES = tuple(w.encode() for w in _TRIGGERS)
+#: Trigger hits that are chatter: SGLang's every decode-batch line says ``token usage: 0.42``
+#: (argparse's ``usage:``, what the trigger is for, starts a line's body). Without this a serving
+#: log of distinct decode lines read every line in full: 6.4 s CPU for 10 MB instead of < 1 s.
+_NOT_TRIGGER: dict[bytes, tuple[bytes, ...]] = {b"usage:": (b"token ",)}
 
 
 def trigger_lines(lines: list[bytes]) -> set[int]:
@@ -216,8 +220,12 @@ def trigger_lines(lines: list[bytes]) -> set[int]:
         pos += len(ln) + 1
     out: set[int] = set()
     for w in _TRIGGER_BYTES:
+        skip = _NOT_TRIGGER.get(w, ())
         at = blob.find(w)
         while at != -1:
+            if skip and any(blob.endswith(p, 0, at) for p in skip):
+                at = blob.find(w, at + 1)
+                continue
             i = bisect_right(starts, at) - 1
             out.add(i)
             if i + 1 >= len(starts):

@@ -86,3 +86,33 @@ def test_unknown_group_option_is_a_hydra_error():
 
     with pytest.raises(MissingConfigException):
         compose_cfg(["sweep=does_not_exist"])
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_every_confirm_and_approaches_field_overrides_without_plus(sweep):
+    """The README documents sweep.confirm.* and sweep.approaches.* overrides: Hydra's struct mode
+    refuses a key the YAML does not declare, so each sweep declares every field of the models."""
+    from sweeps.config.spec import ApproachesConfig, ConfirmConfig
+
+    engine = ["backend=vllm", *VLLM_RUN] if sweep in VLLM_SWEEPS else ["backend=emulated"]
+    base = [f"sweep={sweep}", *engine]
+    cfg = compose_cfg(base)
+    assert set(ConfirmConfig.model_fields) <= set(cfg.sweep.confirm), sweep
+    overrides = ["sweep.confirm.futility=false", "sweep.confirm.descend=2", "sweep.confirm.margin=0.02"]
+    if cfg.sweep.get("approaches") is not None:
+        assert set(ApproachesConfig.model_fields) <= set(cfg.sweep.approaches), sweep
+        overrides += ["sweep.approaches.release_after=3", "sweep.approaches.release_below=0.1"]
+    spec = load_spec(compose_cfg([*base, *overrides]))
+    assert (spec.sweep.confirm.futility, spec.sweep.confirm.descend, spec.sweep.confirm.margin) == (False, 2, 0.02)
+    if spec.sweep.approaches is not None:
+        assert (spec.sweep.approaches.release_after, spec.sweep.approaches.release_below) == (3, 0.1)
+
+
+def test_recheck_declares_every_confirm_field():
+    """sweep=recheck needs a source to compose; its YAML declares the same confirm keys."""
+    from omegaconf import OmegaConf
+
+    from sweeps.config.spec import ConfirmConfig
+
+    confirm = OmegaConf.load(CONF / "sweep" / "recheck.yaml").confirm
+    assert set(ConfirmConfig.model_fields) <= set(confirm)

@@ -174,6 +174,19 @@ def test_an_all_failing_sweep_says_why_and_fails_its_parent(tmp_path, capfd):
     assert parent.data.tags["sweep_outcome_reason"] == line
 
 
+def test_a_wall_time_budget_spent_before_any_launch_is_named(tmp_path, capfd):
+    # the adversarial case: sweep.budget.wall_time_s=12 spent on startup; the next step is that
+    # budget, not the known dead ends
+    with pytest.raises(NothingMeasured) as e:
+        run(_cfg(tmp_path, "sweep.budget.wall_time_s=0.001"), _in_process(track=True))
+    line = str(e.value)
+    assert exit_code(e.value) == 3 and "no trial was launched" in line, line
+    assert "Next: wall-time budget spent (0 s) before any launch" in line and "raise sweep.budget.wall_time_s" in line, line
+    assert "dead ends" not in line, line
+    assert line in capfd.readouterr().out  # the summary's last line says the same
+    assert _parent(tmp_path).data.tags["sweep_outcome_reason"] == line
+
+
 def test_a_failed_baseline_says_its_speedups_are_missing(tmp_path, capfd):
     import optuna
 

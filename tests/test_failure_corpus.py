@@ -288,6 +288,30 @@ def test_ten_mb_log_of_distinct_lines_reads_head_tail_and_trigger_lines_only(tmp
     assert took < 3.0  # CPU s; 5.3 s when every distinct line was read in full (goal < 1 s, benchmark)
 
 
+def test_ten_mb_sglang_log_of_distinct_decode_lines_is_fast(tmp_path):
+    # every SGLang decode-batch line says "token usage: 0.42": argparse's "usage:" trigger must
+    # not make each of them a line read in full (6.4 s CPU for 10 MB when it did)
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from failure_corpus import build_sglang_distinct_log
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    text = build_sglang_distinct_log(tmp_path / "sglang.log").read_text()
+    c0 = time.process_time()
+    c = classify(text, 1, None)
+    took = time.process_time() - c0
+    assert c.failure_class == "server_crash" and "EngineDeadError" in c.line
+    assert took < 3.0  # CPU s on a loaded 2-core machine; the benchmark records the figure (goal < 1 s)
+
+
+def test_token_usage_is_not_an_argparse_usage_trigger():
+    from tasks.failure_events import trigger_lines
+
+    lines = [b"[TP0] Decode batch. #token: 7, token usage: 0.01", b"usage: sglang.launch_server [-h]",
+             b"vllm-1  | usage: vllm serve", b"Token Usage: 0.5"]
+    assert trigger_lines(lines) == {1, 2}
+
+
 def test_trigger_lines_finds_every_line_with_a_trigger_word_in_any_case():
     from tasks.failure_events import trigger_lines
 

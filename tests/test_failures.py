@@ -277,7 +277,9 @@ READY = "[2026-01-01 00:00:05] The server is fired up and ready to roll!\n"
     # vLLM-style warnings that are perf information, not the failure
     ("WARNING SymmMemCommunicator: Device capability 12.0 not supported, communicator is not available.\n"
      "Loading safetensors checkpoint shards:   3% Completed | 3/94\n", None, "startup", "startup_timeout"),
-    ("", None, None, "startup_timeout"),
+    # an empty log alone is no evidence of waiting; a caller saying it was still starting is
+    ("", None, None, "unknown"),
+    ("", None, "startup", "startup_timeout"),
     ("", 1, None, "unknown"),
 ])
 def test_exit_code_and_phase_semantics(log, exit_code, phase, expected):
@@ -632,3 +634,37 @@ def test_toolchain_without_the_gpu_arch_is_arch_not_in_build(log):
     c = classify(log, 1, "startup")
     assert (c.failure_class, c.kind) == ("arch_not_in_build", "deterministic")
     assert "sm_120" in c.line or "compute_120a" in c.line
+
+
+# ------------------------------------------------------------------ odd input
+def test_a_log_with_no_progress_and_no_error_is_no_startup_timeout():
+    """An empty log or binary noise, no exit code, no phase: no evidence of waiting (a timeout
+    needs it, docs/failure_classifier.md rule 6), so unknown with the reason; a caller that says
+    the server was still starting gets the timeout."""
+    noise = random.Random(7).randbytes(20_000).decode("utf-8", errors="replace")
+    for log in ("", "\n\n", noise):
+        c = classify(log)
+        assert c.failure_class == "unknown", (log[:40], c)
+        assert "cannot tell a timeout from a crash" in c.signature and c.line == ""
+    assert classify("", None, "startup").failure_class == "startup_timeout"
+    # a log that stops in a startup stage with no error still is one
+    assert classify("[2026-01-01 10:00:00 TP0] Load weight begin. avail mem=70.00 GB\n").failure_class == "startup_timeout"
+
+
+def test_terminal_escapes_are_stripped_so_a_wrapped_error_reads_as_itself():
+    wrapped = "\x1b]0;PWNED-TITLE\x07\x1b[2J\x1b[31mRuntimeError: boom\x1b[0m\x1b[?25l\x07\x08\n"
+    c, plain = classify(wrapped), classify("RuntimeError: boom\n")
+    assert (c.failure_class, c.line, c.signature) == (plain.failure_class, plain.line, plain.signature)
+    assert c.line == "RuntimeError: boom" and "PWNED" not in c.signature
+
+
+def test_cli_never_prints_control_bytes(tmp_path, capsys):
+    from tasks.failures import main
+
+    log = tmp_path / "term\x1b[2J.log"
+    log.write_bytes(b"\x1b]0;PWNED-TITLE\x07\x1b[2J\x1b[31mRuntimeError: boom\x1b[0m\x9b2J\x7f\n")
+    for args in (["--nearest", "0"], ["--tsv"]):
+        assert main([*args, str(log)]) == 0
+        out = capsys.readouterr().out
+        assert "RuntimeError: boom" in out
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out), repr(out)

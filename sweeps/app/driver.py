@@ -178,7 +178,7 @@ def run(cfg: Any, driver_cls: type[Driver] = Driver) -> float | tuple[float | No
                          f"there. Fix the store and run the same command again to resume.") from None
     if drv.interrupted:
         raise Interrupted("")
-    outcome = sweep_outcome(load_records(drv.study), spec, drv.study_name)
+    outcome = sweep_outcome(load_records(drv.study), spec, drv.study_name, drv.stop_reason)
     if outcome.failed:
         raise NothingMeasured(outcome.line)
     return objective_value(drv.finished_best, spec.objective_set)

@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from sweeps.search.coverage import STOP_KNOBS
 from sweeps.store import records
 
 MEASURED = "measured"
@@ -54,6 +55,10 @@ _NEXT_BY_KIND = {
 }
 _NEXT_SKIPPED = ("every proposal was answered without a launch: the known dead ends are in {findings}; after an "
                  "engine upgrade re-check them (sweep=recheck source={sweep}), or widen sweep.params")
+#: a budget that stopped the sweep before its first launch: the answer is that budget, not the
+#: proposals answered on the way (a wall-time budget spent on startup and preflight)
+_NEXT_BUDGET = "{reason} before any launch: raise {knob}"
+_BUDGET_STOPS = ("wall-time budget", "GPU-hour budget")
 _NEXT_UNRANKED = ("no measured config counts: relax sweep.objective_constraints, or check why the measurements "
                   "were set aside (the findings: {findings})")
 
@@ -95,9 +100,11 @@ def _unmeasured(r: records.TrialRecord, objective: Any) -> str:
     return "violated " + ", ".join(r.violated or [str(c) for c in objective.primary.constraints])
 
 
-def nothing_line(recs: list[records.TrialRecord], spec: Any, study_name: str) -> str:
+def nothing_line(recs: list[records.TrialRecord], spec: Any, study_name: str, stop_reason: str | None = None) -> str:
     """The one line for a sweep in which no config ranks: what the launched trials failed of,
-    what the proposals answered without GPU time were, and the next step."""
+    what the proposals answered without GPU time were, and the next step (``stop_reason``: why
+    the sweep loop stopped, :meth:`sweeps.search.loop.SweepLoop.budget_left`'s words; a wall-time
+    or GPU-hour budget that stopped it before any launch is the next step)."""
     obj = spec.objective_set
     logs = spec.store_dir / "trials" / study_name
     launched = [r for r in recs if r.launched and r.status != "interrupted"]
@@ -123,6 +130,8 @@ def nothing_line(recs: list[records.TrialRecord], spec: Any, study_name: str) ->
         step = _next_step(top_cls, kind, spec) + f" ({logs})"
     elif unranked:
         step = _NEXT_UNRANKED.format(findings=spec.findings_path)
+    elif not launched and stop_reason and (budget := next((b for b in _BUDGET_STOPS if b in stop_reason), None)):
+        step = _NEXT_BUDGET.format(reason=stop_reason, knob=STOP_KNOBS[budget])
     else:
         step = _NEXT_SKIPPED.format(findings=spec.findings_path, sweep=spec.sweep.name)
     return f"nothing was measured: {'; '.join(parts)}. Next: {step}."
@@ -141,17 +150,19 @@ def baseline_line(recs: list[records.TrialRecord], spec: Any) -> str:
             f"server log is under {spec.store_dir / 'trials'}), then run a new study (new_study=true) to measure it.")
 
 
-def sweep_outcome(recs: list[records.TrialRecord], spec: Any, study_name: str) -> SweepOutcome:
+def sweep_outcome(recs: list[records.TrialRecord], spec: Any, study_name: str,
+                  stop_reason: str | None = None) -> SweepOutcome:
     """The outcome of a finished sweep from its records (see the module doc).
 
     Args:
         recs: every trial of the study.  spec: the :class:`~sweeps.config.spec.SweepSpec`.
         study_name: the study (where its trials' server logs are).
+        stop_reason: why the sweep loop stopped (None: not known), for :func:`nothing_line`.
     """
     if spec.sweep.mode != "search":
         return SweepOutcome(MEASURED)
     if records.best_record(recs, spec.objective_set) is None:
-        return SweepOutcome(NOTHING_MEASURED, nothing_line(recs, spec, study_name))
+        return SweepOutcome(NOTHING_MEASURED, nothing_line(recs, spec, study_name, stop_reason))
     if records.baseline_value(recs, spec.objective_set) is None:
         return SweepOutcome(NO_BASELINE, baseline_line(recs, spec))
     return SweepOutcome(MEASURED)

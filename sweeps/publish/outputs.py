@@ -189,7 +189,7 @@ class Publisher:
             return
         with best_effort("update MLflow at the end (rerun the command to sync)", logging.WARNING):
             self._sync(recs)
-            outcome = sweep_outcome(recs, self.spec, self.study_name)
+            outcome = sweep_outcome(recs, self.spec, self.study_name, stop_reason)
             tags = {"stop_reason": stop_reason or "", "trials_launched": str(sum(r.budgeted for r in recs)),
                     "sweep_outcome": INTERRUPTED if interrupted else outcome.kind,
                     "sweep_outcome_reason": outcome.line or ""}
@@ -268,7 +268,7 @@ class Publisher:
         """The closing summary in the terminal, also written to ``summary.txt`` (a parent artifact),
         with the one-line reason when nothing was measured or the baseline was not
         (:func:`sweeps.publish.outcome.sweep_outcome`)."""
-        note = sweep_outcome(recs, self.spec, self.study_name).line
+        note = sweep_outcome(recs, self.spec, self.study_name, stop_reason).line
         kw: dict[str, Any] = {"confirmation": confirmation, "note": note}
         s = self.study_summary(recs, confirmation)
         if s is not None:
