@@ -182,6 +182,13 @@ def test_one_study_retires_the_dead_end_that_no_longer_reproduces_and_strengthen
     line = next(x for x in doc.splitlines() if x.startswith("- `nccl_algo=Tree`"))
     assert f"dead end no longer reproduces: rule {tree0.id}, nccl_algo_tree_no_allgather" in line
     assert f"trial {by_rule[tree0.id][0]}'s probe" in line
+    # the dead-ends section lists what this study retired, whatever the level measured later
+    dead = doc[doc.index("### Dead ends"):]
+    (retired,) = [x for x in dead.splitlines() if x.startswith("- **retired: ")]
+    n, p = by_rule[tree0.id]
+    assert f"retired: rule {tree0.id}, nccl_algo_tree_no_allgather**" in retired and f"t{n}'s re-question probe" in retired
+    assert f"{p['startup_s']:.0f} s, {p['gpu_s']:.0f} GPU-s" in retired
+    assert p["retired"] == [f"rule {tree0.id}", "nccl_algo_tree_no_allgather"]  # the console line's words
 
     # once per study: either study resumed re-questions nothing again (the first one's rules were
     # learned by its own re-questions of shipped entries)
@@ -191,3 +198,20 @@ def test_one_study_retires_the_dead_end_that_no_longer_reproduces_and_strengthen
         waiting = [t for t in again.study.get_trials() if t.state.name == "WAITING" and t.user_attrs.get("requestion")]
         assert waiting == [], name
         again.release()
+
+
+def test_the_console_line_of_a_passed_re_question_names_what_it_retired(tmp_path):
+    """A re-question trial is its probe only: its line says the probe passed and what it retired,
+    not a blank 'not benchmarked' reason."""
+    from sweeps.publish.outputs import Publisher
+    from tasks.types import TrialResult
+
+    spec = load_spec(compose_cfg(["backend=instant", f"tracking.store_dir={tmp_path}"]))
+    pub = Publisher(spec, "s", track=False, findings=False)
+    lines: list[str] = []
+    pub.progress.event = lines.append
+    res = TrialResult(trial_number=3, status="ok")
+    pub.trial_done(3, dict(spec.sweep.baseline), res, {}, ["rule 4", "nccl_algo_tree_no_allgather"])
+    pub.trial_done(4, dict(spec.sweep.baseline), res, {})  # no re-question: the old wording
+    assert "re-question probe passed: retired rule 4, nccl_algo_tree_no_allgather" in lines[0], lines
+    assert "not benchmarked" in lines[1] and "retired" not in lines[1]

@@ -125,8 +125,10 @@ class Publisher:
             {"params": params, "argv": redact_argv(tspec.argv), "env": sorted(tspec.env),
              "backend": self.spec.backend.kind, "node": self.spec.node.name, "model": self.spec.model.name}, indent=1))
 
-    def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float]) -> None:
-        """One line in the terminal for a finished trial."""
+    def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float],
+                   retired: list[str] | None = None) -> None:
+        """One line in the terminal for a finished trial; ``retired``: the rules/entries its passed
+        re-question probe retired (the trial ended at that probe: nothing was benchmarked)."""
         from sweeps.store.tracking import run_name
         from tasks.load_search import censored_text
 
@@ -135,6 +137,8 @@ class Publisher:
         censored = censored_text(metrics, self.objectives.primary.name) if res.status == "ok" else None
         if censored is not None:  # a load search that stopped at a bound: the bound is the value
             line = f"{name}: {censored} (censored: the rate search stopped at this bound)"
+        elif res.status == "ok" and retired:  # a re-question trial is its probe only
+            line = f"{name}: re-question probe passed: retired {', '.join(retired)} (dead end no longer reproduces)"
         elif res.status == "ok" and metrics.get(self.objectives.primary.name) is None:  # ended at its probe
             line = f"{name}: not benchmarked: {res.failure_class or ''} {res.failure_signature or ''}"[:200]
         elif res.status == "ok":

@@ -48,8 +48,10 @@ class SweepPublisher(Protocol):
         """Write a launch's server log and files (``suffix`` names a probe or an attempt)."""
         ...
 
-    def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float]) -> None:
-        """A trial finished (its terminal line)."""
+    def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float],
+                   retired: list[str] | None = None) -> None:
+        """A trial finished (its terminal line); ``retired``: the rules/entries its passed
+        re-question probe retired (``rule 3``, an entry id)."""
         ...
 
     def refresh(self, study: optuna.Study, running: int, t_start: float) -> None:

@@ -411,6 +411,7 @@ class ProbePlanner:
             evidence.update(requestion=True, **({"shipped": asked["entries"]} if asked.get("entries") else {}))
             if res.status == "ok" and not degraded:
                 info["finding"] = self._no_longer(f, res, fingerprint, asked)
+                info["retired"] = [f"rule {i}" for i in asked.get("rules") or []] + list(asked.get("entries") or [])
         f.trial.set_user_attr(A_PROBE, info)
         if info["dead_end"] or full is None:
             return ProbeStep("record", learn=_reveals(res) and bool(res.fingerprint or fingerprint), evidence=evidence)
