@@ -215,3 +215,46 @@ def test_the_console_line_of_a_passed_re_question_names_what_it_retired(tmp_path
     pub.trial_done(4, dict(spec.sweep.baseline), res, {})  # no re-question: the old wording
     assert "re-question probe passed: retired rule 4, nccl_algo_tree_no_allgather" in lines[0], lines
     assert "not benchmarked" in lines[1] and "retired" not in lines[1]
+
+
+def test_a_re_question_whose_retirement_cannot_be_written_stops_the_sweep_and_is_asked_again_on_resume(
+        tmp_path, monkeypatch):
+    """A rules DB that turns read-only mid-sweep: the passed re-question cannot retire its rule.
+    The sweep stops (StoreError, exit 2) instead of logging an ERROR per trial, and the trial is
+    re-queued with its re-question, so the resumed study asks it again and retires the rule."""
+    import sqlite3
+
+    from sweeps.errors import exit_code
+    from sweeps.run.graceful import store_failures
+    from sweeps.run.stores import StoreError
+
+    first = _campaign_driver(tmp_path, 7)
+    tree0 = next(r for r in first.rules.list() if r.knobs == {"nccl_algo": "Tree"})
+    first.release()
+    store = tmp_path / "store"
+    spec = load_spec(compose_cfg([*CAMPAIGN, "sweep.budget.trials=7", f"tracking.store_dir={store}",
+                                  f"tracking.findings_dir={store / 'findings'}",
+                                  "node.emulator.capabilities.nccl_tree_supports_allgather=true",
+                                  "sweep.serving_check=false"]))
+
+    def read_only(self, rule_id, evidence):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(RuleStore, "retire", read_only)
+    second = InProcessDriver(spec, "campaign-ro")
+    second.setup()
+    with pytest.raises(StoreError) as ei, store_failures(second):
+        second.loop()
+    assert exit_code(ei.value) == 2 and "readonly database" in str(ei.value)
+    second.release()
+    monkeypatch.undo()
+    assert second.rules.get(tree0.id).retired_at is None
+    waiting = [t for t in second.study.get_trials() if t.state.name == "WAITING"
+               and tree0.id in (t.user_attrs.get("requestion") or {}).get("rules", [])]
+    assert len(waiting) == 1  # re-queued with its re-question
+
+    again = InProcessDriver(spec, "campaign-ro")
+    again.setup()
+    again.loop()
+    assert again.rules.get(tree0.id).retired_at is not None  # asked again, and recorded this time
+    again.release()
