@@ -29,3 +29,25 @@ def test_a_routine_failure_is_logged_at_the_given_level_and_the_step_goes_on(cap
 def test_a_store_locked_past_its_budget_stops_the_sweep():
     with pytest.raises(StoreWriteError), best_effort("record a trial"):
         raise StoreWriteError("record a trial", 120.0, "database is locked")
+
+
+def test_a_read_only_store_stops_a_store_write_but_not_a_publishing_step(tmp_path, caplog):
+    import sqlite3
+
+    db = tmp_path / "ro.db"
+    sqlite3.connect(db).execute("CREATE TABLE t (x)").connection.close()
+    ro = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+
+    def write():
+        ro.execute("INSERT INTO t VALUES (1)")
+
+    with pytest.raises(sqlite3.OperationalError, match="readonly"), \
+            best_effort("record a failure rule", store_write=True):
+        write()
+    caplog.set_level(logging.DEBUG, logger="servesweep")
+    with best_effort("write the plots"):
+        write()
+    assert any("write the plots" in r.getMessage() for r in caplog.records)
+    with best_effort("record a failure rule", store_write=True):
+        raise ValueError("unknown class")  # not the store's failure: logged, the sweep goes on
+    ro.close()

@@ -218,6 +218,13 @@ def test_one_study_retires_the_dead_end_that_no_longer_reproduces_and_strengthen
     line = next(x for x in doc.splitlines() if x.startswith("- `nccl_algo=Tree`"))
     assert f"dead end no longer reproduces: rule {tree0.id}, nccl_algo_tree_no_allgather" in line
     assert f"trial {by_rule[tree0.id][0]}'s probe" in line
+    # the dead-ends section lists what this study retired, whatever the level measured later
+    dead = doc[doc.index("### Dead ends"):]
+    (retired,) = [x for x in dead.splitlines() if x.startswith("- **retired: ")]
+    n, p = by_rule[tree0.id]
+    assert f"retired: rule {tree0.id}, nccl_algo_tree_no_allgather**" in retired and f"t{n}'s re-question probe" in retired
+    assert f"{p['startup_s']:.0f} s, {p['gpu_s']:.0f} GPU-s" in retired
+    assert p["retired"] == [f"rule {tree0.id}", "nccl_algo_tree_no_allgather"]  # the console line's words
 
     # once per study: either study resumed re-questions nothing again (the first one's rules were
     # learned by its own re-questions of shipped entries)
@@ -227,3 +234,63 @@ def test_one_study_retires_the_dead_end_that_no_longer_reproduces_and_strengthen
         waiting = [t for t in again.study.get_trials() if t.state.name == "WAITING" and t.user_attrs.get("requestion")]
         assert waiting == [], name
         again.release()
+
+
+def test_the_console_line_of_a_passed_re_question_names_what_it_retired(tmp_path):
+    """A re-question trial is its probe only: its line says the probe passed and what it retired,
+    not a blank 'not benchmarked' reason."""
+    from sweeps.publish.outputs import Publisher
+    from tasks.types import TrialResult
+
+    spec = load_spec(compose_cfg(["backend=instant", f"tracking.store_dir={tmp_path}"]))
+    pub = Publisher(spec, "s", track=False, findings=False)
+    lines: list[str] = []
+    pub.progress.event = lines.append
+    res = TrialResult(trial_number=3, status="ok")
+    pub.trial_done(3, dict(spec.sweep.baseline), res, {}, ["rule 4", "nccl_algo_tree_no_allgather"])
+    pub.trial_done(4, dict(spec.sweep.baseline), res, {})  # no re-question: the old wording
+    assert "re-question probe passed: retired rule 4, nccl_algo_tree_no_allgather" in lines[0], lines
+    assert "not benchmarked" in lines[1] and "retired" not in lines[1]
+
+
+def test_a_re_question_whose_retirement_cannot_be_written_stops_the_sweep_and_is_asked_again_on_resume(
+        tmp_path, monkeypatch):
+    """A rules DB that turns read-only mid-sweep: the passed re-question cannot retire its rule.
+    The sweep stops (StoreError, exit 2) instead of logging an ERROR per trial, and the trial is
+    re-queued with its re-question, so the resumed study asks it again and retires the rule."""
+    import sqlite3
+
+    from sweeps.errors import exit_code
+    from sweeps.run.graceful import store_failures
+    from sweeps.run.stores import StoreError
+
+    first = _campaign_driver(tmp_path, 7)
+    tree0 = next(r for r in first.rules.list() if r.knobs == {"nccl_algo": "Tree"})
+    first.release()
+    store = tmp_path / "store"
+    spec = load_spec(compose_cfg([*CAMPAIGN, "sweep.budget.trials=7", f"tracking.store_dir={store}",
+                                  f"tracking.findings_dir={store / 'findings'}",
+                                  "node.emulator.capabilities.nccl_tree_supports_allgather=true",
+                                  "sweep.serving_check=false"]))
+
+    def read_only(self, rule_id, evidence):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(RuleStore, "retire", read_only)
+    second = InProcessDriver(spec, "campaign-ro")
+    second.setup()
+    with pytest.raises(StoreError) as ei, store_failures(second):
+        second.loop()
+    assert exit_code(ei.value) == 2 and "readonly database" in str(ei.value)
+    second.release()
+    monkeypatch.undo()
+    assert second.rules.get(tree0.id).retired_at is None
+    waiting = [t for t in second.study.get_trials() if t.state.name == "WAITING"
+               and tree0.id in (t.user_attrs.get("requestion") or {}).get("rules", [])]
+    assert len(waiting) == 1  # re-queued with its re-question
+
+    again = InProcessDriver(spec, "campaign-ro")
+    again.setup()
+    again.loop()
+    assert again.rules.get(tree0.id).retired_at is not None  # asked again, and recorded this time
+    again.release()

@@ -293,6 +293,24 @@ def test_reading_rules_never_waits_for_a_writer(tmp_path):
         s.close()
 
 
+def test_probe_cleared_markers_are_read_without_waiting_and_written_after_a_lock(tmp_path):
+    from sweeps.search import probes
+
+    db = tmp_path / "cleared.db"
+    s = RuleStore(f"sqlite:///{db}")
+    s.learn(FP, MODEL, P(nccl_algo="Tree"), "nccl_env_algo_proto_invalid", "sig", ev(1))
+    s.close()
+    with _write_locked(db, 3.0):
+        s = RuleStore(f"sqlite:///{db}")
+        t0 = time.monotonic()
+        assert probes.cleared_entries(s, FP) == set()  # no probe_cleared table yet: nothing created
+        assert time.monotonic() - t0 < 1.5  # a read: not the writer's 3 s
+        probes.mark_cleared(s, FP, ["a", "b"], {"sweep": "s", "trial_number": 1})  # waits the lock out
+        assert time.monotonic() - t0 > 1.5
+    assert probes.cleared_entries(s, FP) == {"a", "b"}
+    s.close()
+
+
 def test_the_rules_cli_reports_a_store_locked_past_its_budget_in_one_line(tmp_path, monkeypatch):
     from sweeps.rules import store as rules_mod
     from sweeps.store import retry as store_retry

@@ -208,3 +208,35 @@ def test_a_second_half_made_store_keeps_the_first_aside(tmp_path):
             c.execute("UPDATE alembic_version SET version_num = '451aebb31d03'")
         prepare(spec)
     assert db.with_name("mlflow.db.half-made").exists() and db.with_name("mlflow.db.half-made.1").exists()
+
+
+def test_a_rules_store_that_refuses_writes_stops_the_sweep_before_it_starts(tmp_path):
+    """Rules are written only mid-sweep (best effort): an immutable file must be found at the start."""
+    import shutil
+    import stat
+
+    spec = _spec(tmp_path / "s")
+    prepare(spec)
+    db = spec.store_dir / "servesweep.db"
+    if shutil.which("chattr") and subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode == 0:
+        undo = ["chattr", "-i", str(db)]
+    else:  # no chattr here: a mode without write bits refuses writes to anyone but root
+        db.chmod(stat.S_IRUSR)
+        undo = []
+        try:
+            open(db, "r+b").close()
+            pytest.skip("this user writes read-only files (root without chattr)")
+        except OSError:
+            pass
+    try:
+        with pytest.raises(StoreError) as ei:
+            prepare(spec)
+    finally:
+        if undo:
+            subprocess.run(undo, check=True)
+        else:
+            db.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    msg = str(ei.value)
+    assert exit_code(ei.value) == 2 and str(db) in msg and "cannot be written" in msg, msg
+    assert "\n" not in msg
+    prepare(spec)  # writable again: the same store is used

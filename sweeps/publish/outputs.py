@@ -126,18 +126,20 @@ class Publisher:
              "backend": self.spec.backend.kind, "node": self.spec.node.name, "model": self.spec.model.name}, indent=1))
 
     def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float],
-                   requestion: bool = False) -> None:
-        """One line in the terminal for a finished trial (``requestion``: a re-question probe,
-        one probe-only launch of a known dead end, said so: it is not a launch of the budget)."""
+                   retired: list[str] | None = None, requestion: bool = False) -> None:
+        """One line in the terminal for a finished trial. ``requestion``: a re-question probe, one
+        probe-only launch of a known dead end, said so (it is not a launch of the budget);
+        ``retired``: the rules/entries its passed probe retired (nothing was benchmarked)."""
         from sweeps.store.tracking import run_name
         from tasks.load_search import censored_text
 
         name = run_name(trial_records.TrialRecord(number=number, state="", params=params, status=res.status,
                                       perf_tags=res.perf_tags))
         censored = censored_text(metrics, self.objectives.primary.name) if res.status == "ok" else None
-        if requestion:
-            what = ("passed: the dead end no longer reproduces" if res.status == "ok"
-                    and trial_records.DEGRADED not in res.perf_tags else
+        if requestion or (retired and res.status == "ok"):  # a re-question trial is its probe only
+            passed = res.status == "ok" and trial_records.DEGRADED not in res.perf_tags
+            what = ((f"passed: retired {', '.join(retired)} (dead end no longer reproduces)" if retired
+                     else "passed: the dead end no longer reproduces") if passed else
                     f"{res.status} {res.failure_class or ''}: the dead end still reproduces")
             line = f"{name}: re-question probe {what}"[:200]
         elif censored is not None:  # a load search that stopped at a bound: the bound is the value

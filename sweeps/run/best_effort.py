@@ -17,10 +17,13 @@ log = logging.getLogger("servesweep")
 
 
 @contextlib.contextmanager
-def best_effort(what: str, level: int = logging.ERROR) -> Iterator[None]:
+def best_effort(what: str, level: int = logging.ERROR, *, store_write: bool = False) -> Iterator[None]:
     """Run a publishing step; a failure is logged (``could not <what>``) at ``level``, never
     raised, except a store that stayed locked past the retry budget (:class:`StoreWriteError`)
     or a broken MLflow store (:class:`MlflowStoreBroken`): the sweep stops on those.
+    ``store_write``: the step writes the sweep's own store (a failure rule, a retired rule), so
+    a full or read-only store is raised too (:func:`sweeps.run.graceful.store_failures` stops
+    the sweep with exit 2, as for any other store write) instead of logged at each trial.
 
     An ``ImportError`` is a broken install or a bug, never a routine failure: it is logged at
     ERROR with its traceback whatever ``level`` says, so confirmation, findings or plots are
@@ -33,4 +36,9 @@ def best_effort(what: str, level: int = logging.ERROR) -> Iterator[None]:
     except (StoreWriteError, MlflowStoreBroken):
         raise
     except Exception as e:  # noqa: BLE001 - publishing never stops the sweep
+        if store_write:
+            from sweeps.run.graceful import store_cause  # graceful imports the stores: not at module load
+
+            if store_cause(e) is not None:
+                raise
         log.log(level, "could not %s: %s", what, e)

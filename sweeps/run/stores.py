@@ -247,9 +247,18 @@ def check_existing(path: Path, kind: str) -> bool:
     Raises:
         StoreError: a half-made store that holds results (runs, trials, rules), or a file that
             is not a readable SQLite database (it may hold them): exit 2, naming the file and
-            the repair command; the file is left untouched.
+            the repair command; the file is left untouched. A file this process cannot open
+            for writing (permissions, ``chattr +i``, a read-only mount): found before the
+            start, as a read-only store found mid-sweep would stop it (nothing was started).
     """
     name, results, missing = _KINDS[kind]
+    try:  # a real open for writing: os.access passes root on a file that refuses writes
+        with open(path, "r+b"):
+            pass
+    except OSError as e:
+        raise StoreError(f"the {name} {path} cannot be written ({e.strerror}); make it writable (permissions, "
+                         f"`chattr -i`, a read-write mount) or set tracking.store_dir to a writable directory, "
+                         f"then run the same command again (nothing was started)") from None
     hot = any(f.exists() and f.stat().st_size > 0 for f in _sidecars(path)[:1])
     # read-write, never creating: a writer SIGKILLed mid-transaction leaves a hot journal that
     # the next reader must roll back, which a read-only connection cannot ("readonly database")

@@ -49,8 +49,10 @@ class SweepPublisher(Protocol):
         ...
 
     def trial_done(self, number: int, params: dict[str, Any], res: TrialResult, metrics: dict[str, float],
-                   requestion: bool = False) -> None:
-        """A trial finished (its terminal line); ``requestion``: a re-question probe (not a launch of the budget)."""
+                   retired: list[str] | None = None, requestion: bool = False) -> None:
+        """A trial finished (its terminal line); ``retired``: the rules/entries its passed
+        re-question probe retired (``rule 3``, an entry id); ``requestion``: a re-question probe
+        (not a launch of the budget)."""
         ...
 
     def refresh(self, study: optuna.Study, running: int, t_start: float) -> None:

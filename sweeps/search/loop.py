@@ -31,7 +31,7 @@ from sweeps.run.stores import prepare as prepare_stores
 from sweeps.search import gates
 from sweeps.search.coverage import STOP_ATTR
 from sweeps.search.interfaces import SweepPublisher
-from sweeps.search.probes import A_REQUESTION
+from sweeps.search.probes import A_PROBE, A_REQUESTION
 from sweeps.search.searcher import Proposal, Searcher
 from sweeps.search.untried import EXHAUSTED
 from sweeps.store import records
@@ -387,7 +387,9 @@ class SweepLoop:
         bad = res.status == "infra_error" or res.failure_class == "unknown"
         self.recent_bad = (self.recent_bad + [bad])[-self.spec.sweep.circuit_breaker.window:]
         self._check_breaker()
-        self.publisher.trial_done(t.number, f.params, res, metrics, requestion=bool(t.user_attrs.get(A_REQUESTION)))
+        retired = (t.user_attrs.get(A_PROBE) or {}).get("retired") if res.status == "ok" and f.spec.probe else None
+        self.publisher.trial_done(t.number, f.params, res, metrics, retired,
+                                  requestion=bool(t.user_attrs.get(A_REQUESTION)))
         self._pending_flush = True
 
     def _check_breaker(self) -> None:

@@ -55,13 +55,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import optuna
-from sqlalchemy import Column, Integer, MetaData, String, Table, Text, select
+from sqlalchemy import Column, Integer, MetaData, String, Table, Text, inspect, select
 
 from sweeps.config.spec import SweepSpec
 from sweeps.rules.store import RuleStore
 from sweeps.run.best_effort import best_effort
 from sweeps.run.runner import InFlight
 from sweeps.store import records as trial_records
+from sweeps.store.retry import retrying
 from tasks.backends import get_backend
 from tasks.types import TrialResult, TrialSpec
 
@@ -91,28 +92,45 @@ def _fp_hash(fingerprint: Mapping[str, Any]) -> str | None:
 
 
 def cleared_entries(rules: RuleStore, fingerprint: Mapping[str, Any]) -> set[str]:
-    """Knowledge entry ids a passed probe cleared on this fingerprint (``rules``: a RuleStore)."""
+    """Knowledge entry ids a passed probe cleared on this fingerprint (``rules``: a RuleStore).
+
+    A read: a plain deferred transaction that never waits for another process's write lock
+    (no ``probe_cleared`` table yet -> nothing cleared, and nothing is created here)."""
     h = _fp_hash(fingerprint)
     if h is None:
         return set()
-    _meta.create_all(rules.engine, checkfirst=True)
-    with rules.engine.connect() as conn:
+    with rules._read() as conn:
+        if not inspect(conn).has_table(_cleared.name):
+            return set()
         rows = conn.execute(select(_cleared.c.entry_id).where(_cleared.c.fingerprint_hash == h)).all()
     return {r[0] for r in rows}
 
 
 def mark_cleared(rules: RuleStore, fingerprint: Mapping[str, Any], entry_ids: list[str], evidence: Mapping[str, Any]) -> None:
-    """Store that a probe passed for these knowledge entries on this fingerprint."""
+    """Store that a probe passed for these knowledge entries on this fingerprint.
+
+    One write transaction (creating ``probe_cleared`` if missing) retried on a lock like every
+    rules-store write.
+
+    Raises:
+        sweeps.store.retry.StoreWriteError: the rules DB stayed locked for the retry budget.
+    """
     h = _fp_hash(fingerprint)
     if h is None or not entry_ids:
         return
-    _meta.create_all(rules.engine, checkfirst=True)
-    have = cleared_entries(rules, fingerprint)
-    with rules.engine.begin() as conn:
-        for eid in entry_ids:
-            if eid not in have:
-                conn.execute(_cleared.insert().values(fingerprint_hash=h, entry_id=eid,
-                                                      evidence=json.dumps(dict(evidence), sort_keys=True)))
+
+    def run() -> None:
+        with rules._tx() as conn:
+            _meta.create_all(conn, checkfirst=True)
+            have = {r[0] for r in conn.execute(select(_cleared.c.entry_id)
+                                               .where(_cleared.c.fingerprint_hash == h)).all()}
+            for eid in entry_ids:
+                if eid not in have:
+                    conn.execute(_cleared.insert().values(fingerprint_hash=h, entry_id=eid,
+                                                          evidence=json.dumps(dict(evidence), sort_keys=True)))
+                    have.add(eid)
+
+    retrying(run, "record the probe's cleared knowledge entries")
 
 
 # ---------------------------------------------------------------------------------------
@@ -348,7 +366,7 @@ class ProbePlanner:
               "gpu_s": round(float(res.gpu_s), 3), "startup_s": res.startup_s,
               "config": {k: v for k, v in f.params.items() if k not in self.spec.sweep.baseline
                          or self.spec.sweep.baseline[k] != v}}
-        with best_effort(f"retire the rules re-questioned by trial {f.trial.number}"):
+        with best_effort(f"retire the rules re-questioned by trial {f.trial.number}", store_write=True):
             for rid in asked.get("rules") or []:
                 rule = self.rules.retire(int(rid), ev)
                 if rule is not None and rule.origin == "shipped":  # its entries pass too
@@ -393,6 +411,7 @@ class ProbePlanner:
             evidence.update(requestion=True, **({"shipped": asked["entries"]} if asked.get("entries") else {}))
             if res.status == "ok" and not degraded:
                 info["finding"] = self._no_longer(f, res, fingerprint, asked)
+                info["retired"] = [f"rule {i}" for i in asked.get("rules") or []] + list(asked.get("entries") or [])
         f.trial.set_user_attr(A_PROBE, info)
         if info["dead_end"] or full is None:
             return ProbeStep("record", learn=_reveals(res) and bool(res.fingerprint or fingerprint), evidence=evidence)
@@ -401,7 +420,7 @@ class ProbePlanner:
                 if knob in f.params:
                     self._passed_levels.add((knob, repr(f.params[knob])))
             ids = reason.removeprefix("shipped knowledge: ").split(", ") if reason.startswith("shipped") else []
-            with best_effort(f"store the probe's cleared marker for trial {f.trial.number}"):
+            with best_effort(f"store the probe's cleared marker for trial {f.trial.number}", store_write=True):
                 mark_cleared(self.rules, res.fingerprint or fingerprint, ids,
                              {"sweep": self.study_name, "trial_number": f.trial.number})
         self._done[f.trial.number] = info

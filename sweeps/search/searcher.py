@@ -249,7 +249,7 @@ class Searcher:
             # the cause is the sweep's static config (extra_args, launcher), not these knob values
             return
         what = "the probe's failure rule" if evidence.get("probe") else "a failure rule"
-        with best_effort(f"record {what} for trial {number}"):
+        with best_effort(f"record {what} for trial {number}", store_write=True):
             self.rules.learn(res.fingerprint or self.fingerprint, self.spec.model.name, params, res.failure_class,
                              res.failure_signature or "",
                              {"sweep": self.study_name, "trial_number": number, **evidence}, mapping=self.implicated)

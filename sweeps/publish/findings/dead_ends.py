@@ -161,10 +161,29 @@ def earlier_rule_lines(ctx: Context, seen_classes: set[str]) -> list[str]:
     return out
 
 
+def retired_lines(recs: Sequence[records.TrialRecord]) -> list[str]:
+    """One entry per re-question probe of this study that passed and so retired its rules and
+    shipped entries (``probe.retired``, :mod:`sweeps.search.probes`), with the probe's trial,
+    startup time (s) and GPU-seconds, whatever later trials measured at that level."""
+    out: list[str] = []
+    for r in recs:
+        p = r.probe or {}
+        q = p.get("requestion") or {}
+        retired = p.get("retired") or ([f"rule {i}" for i in q.get("rules") or []] + list(q.get("entries") or [])
+                                       if p.get("finding") else [])
+        if r.status != "ok" or not retired:
+            continue
+        out.append(f"- **retired: {', '.join(retired)}** (dead end no longer reproduces): t{r.number}'s re-question "
+                   f"probe reached ready in {fmt(float(p.get('startup_s') or 0.0), 0)} s, "
+                   f"{fmt(float(p.get('gpu_s') or 0.0), 0)} GPU-s")
+    return out
+
+
 def dead_ends_section(ctx: Context, recs: Sequence[records.TrialRecord], base: float | None) -> list[str]:
     """The "Dead ends" section (or "None found yet.")."""
     failures, seen = failure_lines(ctx, recs)
     out = failures + degraded_lines(recs, ctx.objective) + speculative_lines(recs, base, ctx.objective, ctx.confirmation)
     out += mismatch_lines(ctx.confirmation)
     out += earlier_rule_lines(ctx, seen)
+    out += retired_lines(recs)
     return ["### Dead ends", "", *(out or ["None found yet."]), ""]
