@@ -327,7 +327,7 @@ def test_a_winner_only_the_race_measured_is_the_winner_everywhere(tmp_path):
         store = tmp_path / f"s{seed}"
         spec = load_spec(compose_cfg([
             "backend=instant", "sweep=smoke", "sweep.budget.trials=5", "sweep.confirm.top_k=1", "sweep.confirm.repeats=2",
-            "sweep.confirm.race=true", "+sweep.confirm.max_repeats=4", "+sweep.confirm.descend=6",
+            "sweep.confirm.race=true", "sweep.confirm.max_repeats=4", "sweep.confirm.descend=6",
             "sweep.baseline.cuda_graph_max_bs=512", "sweep.params.cuda_graph_max_bs.choices=[16,64,128,256,512]",
             f"sweep.sampler.seed={seed}", f"backend.emulator.seed={seed}", f"tracking.store_dir={store}",
             f"tracking.findings_dir={store / 'findings'}"]))
