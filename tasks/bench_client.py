@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import statistics
 import time
 from abc import ABC, abstractmethod
@@ -141,16 +142,20 @@ def summarize(records: list[RequestRecord], wall_s: float) -> dict[str, float]:
     Returns:
         ``decode_tok_s``, ``output_tok_s``, ``ttft_ms_p50``/``ttft_ms_mean``,
         ``itl_ms_p50``/``p99``/``mean`` (per token), ``itl_chunk_ms_p50``/``p99``/``mean``
-        (per chunk), ``accept_length``, ``e2e_s_p50``, ``completed``.
+        (per chunk), ``accept_length``, ``e2e_s_p50``, ``completed``. ``decode_tok_s`` is the
+        median over the requests whose tokens arrived over more than one read: a stream the
+        client read in one go (a server flushing several steps per write to a lagging client)
+        has no decode span to time; nan when no request has one.
     """
     itl = [x for r in records for x in r.itl_ms]
+    decode = [d for d in (r.decode_tok_s for r in records) if math.isfinite(d)]
     itl_chunk = [x for r in records for x in r.itl_chunk_ms]
     tokens = sum(r.completion_tokens for r in records)
     verify = [r.spec_verify_ct for r in records if r.spec_verify_ct]
     accept = (sum(r.completion_tokens for r in records if r.spec_verify_ct) / sum(verify)) if verify else 1.0
     nan = float("nan")
     return {
-        "decode_tok_s": statistics.median(r.decode_tok_s for r in records),
+        "decode_tok_s": statistics.median(decode) if decode else nan,
         "output_tok_s": tokens / wall_s if wall_s > 0 else nan,
         "ttft_ms_p50": statistics.median(r.ttft_ms for r in records),
         "ttft_ms_mean": statistics.fmean(r.ttft_ms for r in records),

@@ -146,6 +146,19 @@ def test_per_chunk_itl_is_the_raw_gap():
     assert m["ttft_ms_mean"] == pytest.approx(100.0)
 
 
+
+def test_decode_rate_leaves_out_a_stream_read_in_one_go():
+    """A stream whose 128 tokens all arrived in one read has no decode span (its rate is nan):
+    the median is over the requests that have one, and nan only when none has."""
+    def rec(times: list[float]) -> RequestRecord:
+        return RequestRecord(t_send=0.0, chunk_times=times, chunk_tokens=[1, 128][-len(times):] if len(times) < 3
+                             else [1, 64, 128], completion_tokens=128, t_done=times[-1])
+    one_read = rec([0.2])
+    assert one_read.decode_tok_s != one_read.decode_tok_s  # nan
+    m = summarize([rec([0.1, 0.5, 1.37]), one_read, one_read, rec([0.1, 0.6, 1.37])], 2.0)
+    assert m["decode_tok_s"] == pytest.approx(127 / 1.27)
+    assert summarize([one_read], 1.0)["decode_tok_s"] != summarize([one_read], 1.0)["decode_tok_s"]
+
 def test_server_without_token_ids_is_counted_by_retokenizing(tmp_path):
     # vLLM without return_token_ids: ids absent, every 5th chunk's text held back (empty)
     fake = FakeOpenAI(_tokenizer_dir(tmp_path), token_ids=False, per_chunk=2, hold_every=5)
