@@ -254,12 +254,18 @@ def test_knowledge_citing_a_missing_or_other_class_entry_is_refused(tmp_path):
 
 
 # ------------------------------------------------------------------ speed
-def test_ten_mb_log_is_classified_fast_and_right(tmp_path):
+def _log_builder(name: str):
+    """A log builder of benchmarks/failure_corpus.py (the benchmark and these tests time the same logs)."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
-        from failure_corpus import build_big_log
+        import failure_corpus
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
+    return getattr(failure_corpus, name)
+
+
+def test_ten_mb_log_is_classified_fast_and_right(tmp_path):
+    build_big_log = _log_builder("build_big_log")
     text = build_big_log(tmp_path / "big.log").read_text()
     assert len(text) >= 10 * 1024 * 1024
     t0 = time.perf_counter()
@@ -274,11 +280,7 @@ def test_ten_mb_log_is_classified_fast_and_right(tmp_path):
 def test_ten_mb_log_of_distinct_lines_reads_head_tail_and_trigger_lines_only(tmp_path):
     # a server that logs every request's prompt: no two lines alike, so no line is read once
     # for many; the big-log reading (trigger scan, head and tail) must keep it cheap and right
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        from failure_corpus import build_distinct_log
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    build_distinct_log = _log_builder("build_distinct_log")
     text = build_distinct_log(tmp_path / "distinct.log").read_text()
     head = "[2026-01-01 10:00:00 TP0] Load weight begin. avail mem=70.00 GB\n"
     c0 = time.process_time()
@@ -291,11 +293,7 @@ def test_ten_mb_log_of_distinct_lines_reads_head_tail_and_trigger_lines_only(tmp
 def test_ten_mb_sglang_log_of_distinct_decode_lines_is_fast(tmp_path):
     # every SGLang decode-batch line says "token usage: 0.42": argparse's "usage:" trigger must
     # not make each of them a line read in full (6.4 s CPU for 10 MB when it did)
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        from failure_corpus import build_sglang_distinct_log
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    build_sglang_distinct_log = _log_builder("build_sglang_distinct_log")
     text = build_sglang_distinct_log(tmp_path / "sglang.log").read_text()
     c0 = time.process_time()
     c = classify(text, 1, None)

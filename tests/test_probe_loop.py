@@ -167,6 +167,15 @@ def test_a_typo_in_extra_args_makes_no_probed_config_a_dead_end(tmp_path):
     assert [r for r in drv.rules.list() if r.failure_class == "cli_arg_error"] == []
 
 
+def _after_firmware(store):
+    """The campaign on the same node after a change its fingerprint does not see: NCCL Tree now
+    has an AllGather (as benchmarks' bench_stale), 7 launches, stores under ``store``."""
+    return load_spec(compose_cfg([*CAMPAIGN, "sweep.budget.trials=7", f"tracking.store_dir={store}",
+                                  f"tracking.findings_dir={store / 'findings'}",
+                                  "node.emulator.capabilities.nccl_tree_supports_allgather=true",
+                                  "sweep.serving_check=false"]))
+
+
 def test_one_study_retires_the_dead_end_that_no_longer_reproduces_and_strengthens_the_one_that_does(tmp_path):
     """Stale knowledge under an unchanged fingerprint: a first study on the campaign node learns the
     shipped dead ends as rules (each from its re-question probe). The node then gains a Tree
@@ -180,10 +189,7 @@ def test_one_study_retires_the_dead_end_that_no_longer_reproduces_and_strengthen
     first.release()
 
     store = tmp_path / "store"
-    spec = load_spec(compose_cfg([*CAMPAIGN, "sweep.budget.trials=7", f"tracking.store_dir={store}",
-                                  f"tracking.findings_dir={store / 'findings'}",
-                                  "node.emulator.capabilities.nccl_tree_supports_allgather=true",
-                                  "sweep.serving_check=false"]))
+    spec = _after_firmware(store)
     second = InProcessDriver(spec, "campaign-after-firmware", findings=True)
     second.setup()
     assert second.fingerprint == first.fingerprint  # the change is invisible to the fingerprint
@@ -268,10 +274,7 @@ def test_a_re_question_whose_retirement_cannot_be_written_stops_the_sweep_and_is
     tree0 = next(r for r in first.rules.list() if r.knobs == {"nccl_algo": "Tree"})
     first.release()
     store = tmp_path / "store"
-    spec = load_spec(compose_cfg([*CAMPAIGN, "sweep.budget.trials=7", f"tracking.store_dir={store}",
-                                  f"tracking.findings_dir={store / 'findings'}",
-                                  "node.emulator.capabilities.nccl_tree_supports_allgather=true",
-                                  "sweep.serving_check=false"]))
+    spec = _after_firmware(store)
 
     def read_only(self, rule_id, evidence):
         raise sqlite3.OperationalError("attempt to write a readonly database")
