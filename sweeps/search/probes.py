@@ -142,8 +142,8 @@ def mark_cleared(rules: RuleStore, fingerprint: Mapping[str, Any], entry_ids: li
 #: dead-end cost goal of issue 15, which the campaign's probes meet (0.136 of the full launches
 #: they replace: benchmarks/results/sweep_efficiency_landscapes.md).
 PROBE_COST_SHARE = 0.15
-#: the user attr of a re-question trial: the ids of the rules its probe questions
-A_REQUESTION = "requestion"
+#: the user attr of a re-question trial (and its probe record's key): what its probe questions
+A_REQUESTION = trial_records.A_REQUESTION
 #: what the findings and the log say of a rule whose re-question probe passed
 NO_LONGER = "dead end no longer reproduces"
 
@@ -407,7 +407,7 @@ class ProbePlanner:
         if reason.startswith("shipped knowledge: "):
             evidence["shipped"] = reason.removeprefix("shipped knowledge: ").split(", ")
         if asked is not None:
-            info["requestion"] = asked
+            info[A_REQUESTION] = asked
             evidence.update(requestion=True, **({"shipped": asked["entries"]} if asked.get("entries") else {}))
             if res.status == "ok" and not degraded:
                 info["finding"] = self._no_longer(f, res, fingerprint, asked)

@@ -8,6 +8,7 @@ report and the MLflow sync can all be rebuilt from storage alone.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,15 @@ def config_key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=str)
 
 
+#: the key of a re-question trial's probe record (and trial attribute) naming what it questions
+A_REQUESTION = "requestion"
+
+
+def is_requestion(probe: Mapping[str, Any] | None) -> bool:
+    """True when a trial's probe record (``A_PROBE``) is a re-question probe's."""
+    return bool((probe or {}).get(A_REQUESTION))
+
+
 class TrialRecord(Outcome):
     """One trial as the findings/report/MLflow code sees it: its stored :class:`Outcome`
     (every outcome field, under the same name) with the trial's identity.
@@ -98,7 +108,7 @@ class TrialRecord(Outcome):
         """True for a re-question trial (:func:`sweeps.search.probes.requestion_configs`): one
         probe-only launch of a known dead end, a probe in the GPU-hours but not a launch of the
         trial budget (``sweep.budget.trials``) nor of the approaches quota."""
-        return bool((self.probe or {}).get("requestion"))
+        return is_requestion(self.probe)
 
     @property
     def budgeted(self) -> bool:

@@ -39,7 +39,7 @@ def _learned_rule(ctx: Context, cls: str, rs: Sequence[records.TrialRecord]) -> 
 
 def _requestioned(r: records.TrialRecord) -> str:
     """What a re-question probe asked again: ``rule 3``, ``shipped knowledge x, y``."""
-    asked = (r.probe or {}).get("requestion") or {}
+    asked = (r.probe or {}).get(records.A_REQUESTION) or {}
     what = [f"rule {i}" for i in asked.get("rules") or []]
     if asked.get("entries"):
         what.append("shipped knowledge " + ", ".join(str(e) for e in asked["entries"]))
@@ -168,7 +168,7 @@ def retired_lines(recs: Sequence[records.TrialRecord]) -> list[str]:
     out: list[str] = []
     for r in recs:
         p = r.probe or {}
-        q = p.get("requestion") or {}
+        q = p.get(records.A_REQUESTION) or {}
         retired = p.get("retired") or ([f"rule {i}" for i in q.get("rules") or []] + list(q.get("entries") or [])
                                        if p.get("finding") else [])
         if r.status != "ok" or not retired:
