@@ -49,6 +49,13 @@ def spec_for_study(study_name: str, store_dir: str | None, overrides: list[str],
     groups = [f"{g}={attrs[g]}" for g in ("sweep", "node", "model", "backend") if attrs.get(g)]
     conf_dir = REPO_ROOT / "conf"
     groups = [g for g in groups if (conf_dir / g.split("=")[0] / f"{g.split('=')[1]}.yaml").exists()]
+    from sweeps.search.coverage import TRIAL_BUDGET_ATTR
+
+    budget = "sweep.budget.trials="
+    if TRIAL_BUDGET_ATTR in attrs and not any(o.startswith(budget) for o in overrides):
+        # the budget the study last ran under (the quota and the findings' counts are owed by it),
+        # not the sweep YAML's default
+        groups.append(f"{budget}{'null' if attrs[TRIAL_BUDGET_ATTR] is None else int(attrs[TRIAL_BUDGET_ATTR])}")
     ov = [*groups, f"tracking.store_dir={store}", f"study_name={study_name}", f"{pre}{storage}", *overrides]
     GlobalHydra.instance().clear()
     try:

@@ -266,3 +266,44 @@ def test_separation_from_many_contenders_is_bonferroni_adjusted():
     assert all(five.relation[t] == "separated" for t in (3, 4, 5))
     three = decision.decide([_c(1, lead), _c(3, far), _c(4, [v - 1 for v in far])], True, 0.01, 0.95, 5)
     assert three.status == "separated" and "Bonferroni over 2 comparisons" in three.reason
+
+
+def test_a_simpler_config_leaves_the_tie_group_only_when_shown_worse_by_more_than_the_margin():
+    """The plateau of the campaign: g64 (3 log2 steps from the baseline's g512) and g128 (2 steps)
+    have the same rate. A noisy g64 leads g128 by 0.6 %, separated at 95 % but not by the 1 %
+    margin: g128, ranked ahead by the tie-break, stays in the tie group and is the pick. Shown 3 %
+    worse it leaves the group; a contender ranked after the leader leaves it once shown worse at all."""
+    g64 = [90.0, 90.1, 89.95, 90.05, 90.0, 89.9]
+    g128 = [v - 0.55 for v in g64[::-1]]
+    assert decision.compare(g64, g128, True, 0.01, 0.95) == "separated"
+    d = decision.decide([_c(1, g64, non_default=1, departure=3.0), _c(2, g128, non_default=1, departure=2.0)],
+                        True, 0.01, 0.95, 6)
+    assert d.leader == 1 and d.relation[2] != "separated" and d.pick == 2 and d.tie_group == [2, 1], d
+    worse = decision.decide([_c(1, g64, non_default=1, departure=3.0),
+                             _c(2, [v - 2.7 for v in g64], non_default=1, departure=2.0)], True, 0.01, 0.95, 6)
+    assert worse.status == "separated" and worse.pick == 1 and "by more than the 1 % margin" in worse.reason
+    after = decision.decide([_c(1, g64, non_default=1, departure=2.0), _c(2, g128, non_default=1, departure=3.0)],
+                            True, 0.01, 0.95, 6)
+    assert after.status == "separated" and after.pick == 1 and "margin" not in after.reason
+    # minimising: the same rule with the direction reversed
+    low = decision.decide([_c(1, [200 - v for v in g64], non_default=1, departure=3.0),
+                           _c(2, [200 - v for v in g128], non_default=1, departure=2.0)], False, 0.01, 0.95, 6)
+    assert low.pick == 2 and low.relation[2] != "separated"
+
+
+def test_futility_projects_with_the_races_pooled_spread():
+    """g256 (ranked ahead by the tie-break, truly 4.4 % below the plateau) after three launches
+    whose own spread is twice the node's 1.5 %: projected with that spread it could never be
+    shown worse than the margin at 8 repeats and the race would stop with it as the pick;
+    projected with the spread the whole race shows, it can, so it races on."""
+    g128 = [89.2, 90.6, 88.1, 89.9, 88.7, 90.3]
+    g256 = [85.4, 88.0, 82.9]
+    other = [89.5, 88.3, 90.4, 89.1, 88.9, 90.0]
+    race = [_c(1, g128, non_default=1, departure=2.0), _c(2, g256, non_default=1, departure=1.0),
+            _c(3, other, non_default=2, departure=2.0)]
+    cv2 = decision.pooled_cv2([c.values for c in race])
+    assert 0.01 < cv2 ** 0.5 < 0.02 and statistics.stdev(g256) / statistics.mean(g256) > 0.025
+    assert decision.projected(g256, 8, cv2) != decision.projected(g256, 8)
+    d = decision.decide(race, True, 0.01, 0.95, 8)
+    assert d.status == "racing" and d.pick == 2 and 2 in d.more, d
+    assert decision.pooled_cv2([[1.0]]) is None

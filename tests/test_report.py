@@ -91,6 +91,9 @@ def test_report_rebuilds_from_storage_keeping_notes(swept):
     assert after.startswith(NOTES_ABOVE)
     assert after.endswith(NOTES_BELOW.replace("- keep me\n", "- keep me\n- and this new line\n"))
     assert len(find_sections(after)) == 1
+    # the quota is owed by the trial budget the study ran under (10), not the sweep YAML's 30
+    assert "of the 10-launch trial budget" in before and "of the 10-launch trial budget" in after
+    assert "30-launch" not in after
     pngs = sorted(p.name for p in (store / "reports" / "eagle3_allreduce").glob("*.png"))
     assert len(pngs) >= 4, pngs
     # rebuilt from the stores alone: no traceback, and Ray (pointed at an unreachable address) never started

@@ -454,3 +454,15 @@ def test_cli_names_the_unknown_node_and_the_unknown_id_without_a_traceback(tmp_p
     assert rules_cli.main(["--db", db, "explain", "999"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("servesweep.rules: no rule 999") and "sweeps.rules list" in err
+
+
+def test_cli_list_into_a_closed_pipe_ends_quietly(tmp_path):
+    """``python -m sweeps.rules list | head -1``: the reader closes the pipe after one line; the
+    CLI exits 0 without a BrokenPipeError traceback."""
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    p = subprocess.Popen([sys.executable, "-m", "sweeps.rules", "list", "--db", url], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    assert p.stdout is not None and p.stdout.read(1)  # one byte, then the reader goes away
+    p.stdout.close()
+    err = p.stderr.read().decode() if p.stderr else ""
+    assert p.wait(60) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err

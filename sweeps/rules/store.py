@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -430,6 +431,11 @@ def main(argv: Iterable[str] | None = None) -> int:
         print(f"servesweep.rules: {e}; nothing was changed. Run it again once the other writer is done.",
               file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # the reader went away (``list | head``): what it read is complete, no traceback; stdout is
+        # pointed at devnull so the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _run_cli(a: argparse.Namespace) -> int:

@@ -191,6 +191,9 @@ def release_lines(config: Mapping[str, Any] | ApproachesConfig, space: SearchSpa
 
 #: study user attr: why the sweep's last loop stopped (None while it runs), for the findings
 STOP_ATTR = "stop_reason"
+#: study user attr: ``sweep.budget.trials`` of its last run (None: no trial budget), for a report
+#: rebuilt from storage (``python -m sweeps.report``) without the sweep's overrides
+TRIAL_BUDGET_ATTR = "trial_budget"
 
 #: the knob behind each stop reason a sweep loop gives (:meth:`sweeps.search.loop.SweepLoop.budget_left`)
 STOP_KNOBS = {"wall-time budget": "sweep.budget.wall_time_s", "GPU-hour budget": "sweep.budget.gpu_hours",

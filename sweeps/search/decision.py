@@ -39,7 +39,9 @@ the race, the others are as before::
                   "derived_from", "step", "in_study" (new: a race-added config only)}]}
 
 Tests: a contender is *separated* when the Welch interval of the difference of means excludes
-0 on the leader's side, at ``confidence`` Bonferroni-adjusted over the leader's comparisons
+0 on the leader's side (a contender the tie-break ranks ahead of the leader, :func:`rank_key`:
+excludes ``margin`` x the leader's mean, so a simpler config leaves the tie group only when shown
+practically worse, :func:`_beyond`), at ``confidence`` Bonferroni-adjusted over the leader's comparisons
 (``1 - (1 - confidence) / (contenders - 1)``): the leader is the largest of several noisy means,
 so "better than every other" is a family of comparisons made after selecting it (the
 multiple-comparisons-with-the-best setting, Hsu 1984, for which Bonferroni is a conservative
@@ -50,8 +52,8 @@ the leader and the pick) only while they could change the pick (:func:`can_chang
 contender ranked after the pick by the tie-break stops once the pick is shown non-inferior to
 it (one-sided, :func:`non_inferior`), and the decision is then ``pick_decided``. With
 ``futility`` a contender that the repeat budget cannot decide is not raced on either: projected
-to ``max_repeats`` repeats with its and the leader's means and spreads so far
-(:func:`projected`), it would still be neither separated nor equivalent (nor the pick
+to ``max_repeats`` repeats with its and the leader's means so far and the race's pooled spread
+(:func:`projected`, :func:`pooled_cv2`), it would still be neither separated nor equivalent (nor the pick
 non-inferior to it): stochastic curtailment of a sequential test with the observed effect; the
 decision is then ``undecidable`` (a larger ``max_repeats`` or ``margin`` can decide it).
 The tie group is the leader and every contender not separated from it. The pick within it:
@@ -159,14 +161,15 @@ def separation_confidence(confidence: float, comparisons: int) -> float:
 
 
 def compare(leader: Sequence[float], other: Sequence[float], maximize: bool, margin: float,
-            confidence: float, separation: float | None = None) -> str:
-    """``"separated"`` (the leader is better beyond the interval at ``separation``, default
-    ``confidence``), ``"equivalent"`` (within ``margin``, relative to the leader's mean, TOST at
-    ``confidence``) or ``"undecided"`` (more repeats needed)."""
+            confidence: float, separation: float | None = None, beyond: float = 0.0) -> str:
+    """``"separated"`` (the leader is better by more than ``beyond``, absolute in the objective's
+    unit, default 0: the whole interval at ``separation``, default ``confidence``, lies past it),
+    ``"equivalent"`` (within ``margin``, relative to the leader's mean, TOST at ``confidence``) or
+    ``"undecided"`` (more repeats needed)."""
     if len(leader) < 2 or len(other) < 2:
         return "undecided"
     d, lo, hi = welch_interval(leader, other, separation if separation is not None else confidence)
-    if (lo > 0) if maximize else (hi < 0):
+    if (lo > beyond) if maximize else (hi < -beyond):
         return "separated"
     m = abs(sum(leader) / len(leader)) * margin
     return "equivalent" if tost_equivalent(leader, other, m, confidence) else "undecided"
@@ -231,6 +234,20 @@ def departure(params: Mapping[str, object], baseline: Mapping[str, object]) -> f
     return round(total, 2)
 
 
+def _beyond(c: Contender, lead: Contender, margin: float) -> float:
+    """How much better than ``c`` the leader must be shown for ``c`` to leave the tie group
+    (absolute, the objective's unit): ``margin x |leader mean|`` when ``c`` ranks ahead of the
+    leader on :func:`rank_key` (a simpler config: fewer settings, or nearer the baseline's), else 0.
+
+    A simpler config is the one the tie-break would deploy, so it is dropped only when shown
+    *practically* worse (the mirror of :func:`non_inferior`: the leader's advantage exceeds the
+    equivalence margin), not merely worse. On a plateau of equal rates (``cuda_graph_max_bs`` 64
+    and 128 on the campaign's node) a noisy leader otherwise separates from its simpler
+    neighbour by a fraction of the margin in some seeds and not in others, and the deployed
+    config followed the noise."""
+    return abs(lead.mean) * margin if rank_key(c) < rank_key(lead) else 0.0
+
+
 def rank_key(c: Contender) -> tuple[int, int, float]:
     """The tie-break's keys that do not depend on the repeats: serving check (passed 0,
     unchecked 1, failed 2), non-default settings, :func:`departure` (smaller first)."""
@@ -271,13 +288,32 @@ def non_inferior(pick: Sequence[float], other: Sequence[float], margin: float, m
     return hi < margin
 
 
-def projected(values: Sequence[float], n: int) -> list[float]:
+def pooled_cv2(groups: Sequence[Sequence[float]]) -> float | None:
+    """The pooled squared coefficient of variation of several configs' repeats: ``sum((n_i - 1)
+    s_i^2 / m_i^2) / sum(n_i - 1)`` over those with 2 or more values and a non-zero mean (None
+    when none has). The run-to-run noise of one node, relative to the rate, as every config in
+    the race shows it (the emulated node: one 1.5 % lognormal for all, tasks/emulator/profile.py)."""
+    num = den = 0.0
+    for g in groups:
+        if len(g) < 2:
+            continue
+        m, v = _mean_var(g)
+        if m:
+            num += (len(g) - 1) * v / (m * m)
+            den += len(g) - 1
+    return num / den if den else None
+
+
+def projected(values: Sequence[float], n: int, cv2: float | None = None) -> list[float]:
     """``n`` values with the mean and sample variance of ``values``: what the race would see after
     ``n`` repeats if its mean and spread so far held (pairs ``mean +- a``, the mean itself once
-    when ``n`` is odd). ``values`` itself when it has ``n`` or more, or fewer than 2."""
+    when ``n`` is odd). With ``cv2`` (:func:`pooled_cv2`) the spread is ``cv2 x mean^2`` instead of
+    the values' own. ``values`` itself when it has ``n`` or more, or fewer than 2."""
     if len(values) >= n or len(values) < 2:
         return list(values)
     m, v = _mean_var(values)
+    if cv2 is not None:
+        v = cv2 * m * m
     k = n // 2
     a = math.sqrt(v * (n - 1) / (2 * k))
     return [m + a] * k + [m - a] * k + ([m] if n % 2 else [])
@@ -364,7 +400,7 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     rel = {lead.trial: "leader"}
     family = separation_confidence(confidence, len(live) - 1)
     for c in live[1:]:
-        rel[c.trial] = compare(lead.values, c.values, maximize, margin, confidence, family)
+        rel[c.trial] = compare(lead.values, c.values, maximize, margin, confidence, family, _beyond(c, lead, margin))
     for c in contenders:
         rel.setdefault(c.trial, "out")
     undecided = [c for c in live[1:] if rel[c.trial] == "undecided"]
@@ -375,17 +411,21 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     # undecided contender get one more repeat while their budget lasts
     open_ = [c for c in undecided if can_change_pick(c, chosen, maximize, margin, confidence)]
 
+    cv2 = pooled_cv2([c.values for c in live])
+
     def decidable(c: Contender) -> bool:
         """Whether ``c`` could stop mattering within the repeat budget: projected to
-        ``max_repeats`` with its (and the leader's and the pick's) mean and spread so far, it
-        separates from the leader, is equivalent to it, or the pick is non-inferior to it."""
+        ``max_repeats`` with its (and the leader's and the pick's) mean so far and the race's
+        pooled spread (:func:`pooled_cv2`; one config's spread at 3 repeats rests on 2 degrees of
+        freedom and can be twice the node's, which stopped races a few launches from deciding),
+        it separates from the leader, is equivalent to it, or the pick is non-inferior to it."""
         n = max_repeats
-        pl, pc = projected(lead.values, n), projected(c.values, n)
-        if compare(pl, pc, maximize, margin, confidence, family) != "undecided":
+        pl, pc = projected(lead.values, n, cv2), projected(c.values, n, cv2)
+        if compare(pl, pc, maximize, margin, confidence, family, _beyond(c, lead, margin)) != "undecided":
             return True
         if c is chosen or rank_key(c) == rank_key(chosen):
             return False
-        pp = projected(chosen.values, n)
+        pp = projected(chosen.values, n, cv2)
         return non_inferior(pp, pc, abs(chosen.mean) * margin, maximize, confidence)
     hopeless = [c for c in open_ if futility and not decidable(c)]
     racing = [c for c in open_ if c not in hopeless]
@@ -429,6 +469,10 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
         reason = (f"t{lead.trial} ({fmt(lead.mean)}) separated from every other contender "
                   f"at {confidence * 100:.0f} % (Welch"
                   + (f", Bonferroni over {len(live) - 1} comparisons)." if len(live) > 2 else ")."))
+        simpler = [c for c in live[1:] if _beyond(c, lead, margin)]
+        if simpler:
+            reason += (f" {', '.join(f't{c.trial}' for c in simpler)}, ranked ahead of it by the tie-break, "
+                       f"by more than the {pct} margin.")
     if status in ("budget_spent", "undecidable"):
         reason += _rest_of_group(group, open_, left, rel, lead, pct, confidence)
     if len(group) > 1:

@@ -29,7 +29,7 @@ from sweeps.run.preflight import check_launcher, emulator_profile, ensure_writab
 from sweeps.run.runner import InFlight, Runner
 from sweeps.run.stores import prepare as prepare_stores
 from sweeps.search import gates
-from sweeps.search.coverage import STOP_ATTR
+from sweeps.search.coverage import STOP_ATTR, TRIAL_BUDGET_ATTR
 from sweeps.search.interfaces import SweepPublisher
 from sweeps.search.probes import A_PROBE, A_REQUESTION
 from sweeps.search.searcher import Proposal, Searcher
@@ -214,6 +214,8 @@ class SweepLoop:
         self.progress.slots = executor.slots
         study = study_store.open_study(self.spec, self.study_name)
         study.set_user_attr(STOP_ATTR, None)  # running: a resumed study's last stop no longer holds
+        # the trial budget it runs under, so a report rebuilt from storage owes the quota by the same end
+        study.set_user_attr(TRIAL_BUDGET_ATTR, self.spec.sweep.budget.trials)
         from sweeps.rules.store import load_implicated_knobs
 
         rules = RuleStore(self.spec.rules_db)
