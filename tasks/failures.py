@@ -192,6 +192,15 @@ _SGLANG_LOG = re.compile(r"\bsglang\b|Load weight begin|Capture cuda graph|fired
 #: lifecycle, never a ready line of the engine even when they quote one.
 _HARNESS = re.compile(r"^\s*\[(?:harness|dmesg)\]")
 _NOT_READY = re.compile(r"never (?:became|got|reached) ready|not ready|startup deadline exceeded|did not become ready", re.I)
+#: A launcher or client polling the server that is still not up ("Attempt 23: Please wait for
+#: sglang server to become ready...", "Waiting for the vLLM server to start", "server not ready
+#: yet, retrying"): said again and again, evidence of waiting on a server that never came up.
+_POLLING = re.compile(r"\b(?:wait(?:ing)?|poll(?:ing)?|retry(?:ing)?)\b.{0,40}\b(?:server|engine|endpoint|api)\b.{0,40}"
+                      r"\b(?:ready|up|start(?:ed|s)?|respond\w*|available|online)\b"
+                      r"|\b(?:server|engine|endpoint|api)\b.{0,30}\b(?:is )?not (?:yet )?(?:ready|up|available|responding)\b",
+                      re.I)
+#: How many polling lines make the evidence (one "waiting for ..." line is a step of a startup).
+POLLING_LINES = 2
 #: Human names of the startup milestones (``milestones`` of failure_signatures.yaml).
 PHASE_NAMES = {None: "start", "dist_init": "distributed init", "dist_ready": "distributed init done",
                "load": "weights", "loaded": "weights loaded", "compile": "torch.compile",
@@ -372,6 +381,14 @@ def strip_control(text: str) -> str:
 _CURLY = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
 
 
+def _polled(log: _Log) -> bool:
+    """A client or launcher kept polling a server that never came up: at least
+    :data:`POLLING_LINES` lines (not our harness's) say it is waiting for the server."""
+    v = log.view
+    hit = {k for k in v.scan if not _HARNESS.match(v.forms[k].body) and _POLLING.search(v.forms[k].body)}
+    return bool(hit) and sum(1 for k in v.keys if k in hit) >= POLLING_LINES
+
+
 def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classification:
     text = strip_control(log_text.replace("\r\n", "\n").replace("\r", "\n"))
     if "\u201c" in text or "\u2018" in text:  # a log pasted through a rich-text editor: its quotes curled
@@ -437,7 +454,7 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         # stops in a startup stage with no error)
         if fatal or (crashed and not waited):
             return _make("unknown", decisive, "<no log output, exit unknown>", where)
-        if last is None and not waited:
+        if last is None and not waited and not _polled(log):
             # no startup progress, no error, no harness deadline line (an empty log, binary
             # noise): no evidence of waiting, so not a startup timeout; the caller's exit code
             # or phase (--exit-code / --phase) decides
