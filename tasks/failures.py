@@ -381,6 +381,26 @@ def strip_control(text: str) -> str:
 _CURLY = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
 
 
+#: A traceback pasted with its newlines lost (a web form or a chat turned them into spaces): the
+#: banner and its first frame on one line.
+_FOLDED_TB = re.compile(r"^.*Traceback \(most recent call last\):[ \t]+File \".*$", re.M)
+#: Where the lost newlines were: before a frame or a chained-exception banner (2+ spaces), before
+#: a frame's source line (its 4-space indent: 3+ spaces), before an exception line.
+_FOLD_POINT = re.compile(r"[ \t]+(?=Traceback \(most recent call last\)|File \"|During handling of the above exception"
+                         r"|The above exception was the direct cause)|[ \t]{3,}"
+                         r"|[ \t]+(?=(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt): )")
+
+
+def _unfold(text: str) -> str:
+    """``text`` with each traceback that was pasted on one line (its newlines turned into spaces)
+    split back into its lines, so its frames and exception line read as a traceback."""
+    def point(m: re.Match[str]) -> str:  # a frame indented 2, its source line 4, the rest at 0
+        after = m.string[m.end():m.end() + 6]
+        return "\n  " if after.startswith('File "') else "\n    " if len(m.group(0)) >= 3 else "\n"
+
+    return _FOLDED_TB.sub(lambda m: _FOLD_POINT.sub(point, m.group(0)), text)
+
+
 def _polled(log: _Log) -> bool:
     """A client or launcher kept polling a server that never came up: at least
     :data:`POLLING_LINES` lines (not our harness's) say it is waiting for the server."""
@@ -393,6 +413,8 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     text = strip_control(log_text.replace("\r\n", "\n").replace("\r", "\n"))
     if "\u201c" in text or "\u2018" in text:  # a log pasted through a rich-text editor: its quotes curled
         text = text.translate(_CURLY)
+    if "(most recent call last):" in text:
+        text = _unfold(text)
     log = _Log(text)
     v, lines, stages = log.view, log.view.lines, log.stages
     # the decisive event: a row matching an error line (ERROR or FATAL) outranks any row
