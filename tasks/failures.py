@@ -401,6 +401,29 @@ def _unfold(text: str) -> str:
     return _FOLDED_TB.sub(lambda m: _FOLD_POINT.sub(point, m.group(0)), text)
 
 
+#: A line that starts with its timestamp (a console's or a collector's own column).
+_LEAD_TS = re.compile(r"^[ \t]*(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d+))?", re.M)
+#: Timestamped lines looked at to tell a newest-first log (enough to see its order).
+ORDER_SAMPLE = 50
+
+
+def _oldest_first(text: str) -> str:
+    """``text`` in the order it was written: a log copied from a console that shows the newest
+    line first (its leading timestamps only decrease) is put back oldest first, block by block (a
+    timestamped line and the lines under it up to the next one stay together)."""
+    stamps = []
+    for m in _LEAD_TS.finditer(text):
+        stamps.append((m.group(1), m.group(2), float("0." + (m.group(3) or "0"))))
+        if len(stamps) >= ORDER_SAMPLE:
+            break
+    pairs = list(zip(stamps, stamps[1:]))
+    if len(stamps) < 3 or any(b > a for a, b in pairs) or sum(b < a for a, b in pairs) < 2:
+        return text
+    starts = [m.start() for m in _LEAD_TS.finditer(text)]
+    blocks = [text[a:b].rstrip("\n") for a, b in zip(starts, starts[1:] + [len(text)])]
+    return text[:starts[0]] + "\n".join(reversed(blocks)) + "\n"
+
+
 def _polled(log: _Log) -> bool:
     """A client or launcher kept polling a server that never came up: at least
     :data:`POLLING_LINES` lines (not our harness's) say it is waiting for the server."""
@@ -415,6 +438,7 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         text = text.translate(_CURLY)
     if "(most recent call last):" in text:
         text = _unfold(text)
+    text = _oldest_first(text)
     log = _Log(text)
     v, lines, stages = log.view, log.view.lines, log.stages
     # the decisive event: a row matching an error line (ERROR or FATAL) outranks any row

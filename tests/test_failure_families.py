@@ -421,3 +421,13 @@ def test_a_traceback_pasted_on_one_line_reads_as_a_traceback():
            "line 2, in __getitem__     raise KeyError(key) KeyError: 'newarch'  During handling of the above "
            "exception, another exception occurred:\n")
     assert classify(log).failure_class == "model_load_error"
+
+
+def test_a_log_copied_newest_first_is_read_oldest_first():
+    # a console that shows the newest line first: vLLM's capture line, then its OOM (model_runner.py)
+    lines = ["INFO 01-01 10:00:00 llm_engine.py:1] # GPU blocks: 7754, # CPU blocks: 2048",
+             "INFO 01-01 10:00:01 model_runner.py:1] Capturing the model for CUDA graphs.",
+             "ERROR 01-01 10:00:02 engine.py:1] Error initializing vLLM engine: CUDA out of memory. Tried to allocate 2 MiB"]
+    blocks = [f"2026-01-01 10:00:0{i}.000\n[info]\n{ln}" for i, ln in enumerate(lines)]
+    assert classify("\n".join(blocks) + "\n").failure_class == "cuda_oom_graph_capture"
+    assert classify("\n".join(reversed(blocks)) + "\n").failure_class == "cuda_oom_graph_capture"
