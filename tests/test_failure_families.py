@@ -291,6 +291,11 @@ def test_a_server_that_served_past_an_error_is_healthy_and_one_that_died_is_not(
     # transformers dynamic_module_utils.py resolve_trust_remote_code: its prompt, answered by EOFError
     ("The repository for org/m contains custom code which must be executed to correctly load the model.\n"
      "EOFError: EOF when reading a line", "model_load_error"),
+    # torch c10d TCPStore: a rank's rendezvous with the master timed out
+    ("torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to connect to "
+     "(10.0.0.1, 29500).", "collective_hang_or_timeout"),
+    # vLLM v0's engine death under its API server (async_llm_engine.py)
+    ("vllm.engine.async_llm_engine.AsyncEngineDeadError: Background loop has errored already.", "server_crash"),
     # uvicorn run_asgi: a request failing inside a running server's app
     ('INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error\n'
      "ERROR:    Exception in ASGI application\n" + TB
