@@ -296,6 +296,9 @@ def test_a_server_that_served_past_an_error_is_healthy_and_one_that_died_is_not(
      "(10.0.0.1, 29500).", "collective_hang_or_timeout"),
     # vLLM v0's engine death under its API server (async_llm_engine.py)
     ("vllm.engine.async_llm_engine.AsyncEngineDeadError: Background loop has errored already.", "server_crash"),
+    # a client quoting the server's 500 (openai _exceptions.py) and vLLM's request-level failure
+    ("openai.InternalServerError: Error code: 500 - {'object': 'error', 'message': 'boom'}", "server_http_error"),
+    ("vllm.v1.engine.exceptions.EngineGenerateError", "server_http_error"),
     # uvicorn run_asgi: a request failing inside a running server's app
     ('INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error\n'
      "ERROR:    Exception in ASGI application\n" + TB
