@@ -477,6 +477,10 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     # ready: the engine's ready line, requests served, or (vLLM only) its API server up; never
     # when our harness says the server did not become ready
     ready = ("ready" in log.reached or "first_request" in log.reached or ("api_up" in log.reached and vllm_log))
+    # for a log alone, vLLM's graphs captured read as up too: the capture is the last step of its
+    # engine's startup and its API server follows at once (SGLang still runs a warmup request
+    # after it, which can hang)
+    captured = vllm_log and "captured" in log.reached
     decisive = lines[d] if d is not None else ""
     fatal = d is not None and v.severity[d] == FATAL and not _HARNESS.match(v.body(d))
     waited = any(_HARNESS.match(f.body) and _NOT_READY.search(f.body) for f in v.forms)
@@ -489,10 +493,11 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     where = PHASE_NAMES.get(last, "")
     ready = ready and not waited
     survived = not fatal or _served_after(log, d or 0, past_all=True)
-    if phase is None and ready and exit_code in (None, 0) and not cut_tb and survived:
+    if phase is None and (ready or captured and not waited) and exit_code in (None, 0) and not cut_tb and survived:
         # reached ready, and nothing failed or the server served past what did
         line = next((ln for ln, st in zip(lines, stages) if st in ("ready", "first_request")), "") or \
-            next((ln for ln, st in zip(lines, stages) if st == "api_up"), "")
+            next((ln for ln, st in zip(lines, stages) if st == "api_up"), "") or \
+            next((ln for ln, st in zip(lines, stages) if st == "captured"), "")
         return Classification(HEALTHY, HEALTHY, "<healthy: reached ready, no failure signature>", line, where)
     if phase is None and exit_code is None:
         # a log alone, ended by an error nothing names: a crash with that error, not a timeout

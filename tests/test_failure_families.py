@@ -439,3 +439,15 @@ def test_a_log_copied_newest_first_is_read_oldest_first():
     blocks = [f"2026-01-01 10:00:0{i}.000\n[info]\n{ln}" for i, ln in enumerate(lines)]
     assert classify("\n".join(blocks) + "\n").failure_class == "cuda_oom_graph_capture"
     assert classify("\n".join(reversed(blocks)) + "\n").failure_class == "cuda_oom_graph_capture"
+
+
+def test_a_vllm_log_that_stops_after_its_graphs_are_captured_is_up_but_an_sglang_one_is_not():
+    # vllm gpu_model_runner.py: the capture is the last step of its engine's startup
+    vllm = ("(EngineCore pid=1) INFO 01-01 00:00:00 [gpu_model_runner.py:1] Capturing CUDA graphs (mixed prefill-decode)\n"
+            "(EngineCore pid=1) INFO 01-01 00:00:09 [gpu_model_runner.py:1] Graph capturing finished in 9 secs, took 0.5 GiB\n")
+    assert classify(vllm).healthy
+    assert classify(vllm, 1, None).failure_class != "server_crash"  # an exit code: not read as up
+    # sglang cuda_graph_runner.py: its warmup request still follows the capture
+    sgl = ("[2026-01-01 10:00:00] Capture cuda graph begin. This can take up to several minutes.\n"
+           "[2026-01-01 10:00:09] Capture cuda graph end. Time elapsed: 9.0 s. mem usage=1.0 GB.\n")
+    assert not classify(sgl).healthy
