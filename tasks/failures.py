@@ -391,6 +391,16 @@ _FOLD_POINT = re.compile(r"[ \t]+(?=Traceback \(most recent call last\)|File \"|
                          r"|[ \t]+(?=(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt): )")
 
 
+#: A frame of IPython's / Jupyter's traceback: ``File ~/env/lib/.../llm.py:123, in LLM.__init__(self, ...)``.
+_IPY_FRAME = re.compile(r"^([ \t]*)File ((?:~|/|[A-Za-z]:\\)[^\n]*?\.py):(\d+), in (?:[\w<>]+\.)*([\w<>]+)\b.*$", re.M)
+
+
+def _ipython_frames(text: str) -> str:
+    """``text`` with IPython's / Jupyter's frames written as Python's (``File "path", line N, in
+    f``), so where a notebook's exception was raised reads as in any traceback."""
+    return _IPY_FRAME.sub(lambda m: f'{m.group(1)}  File "{m.group(2)}", line {m.group(3)}, in {m.group(4)}', text)
+
+
 def _unfold(text: str) -> str:
     """``text`` with each traceback that was pasted on one line (its newlines turned into spaces)
     split back into its lines, so its frames and exception line read as a traceback."""
@@ -438,6 +448,8 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         text = text.translate(_CURLY)
     if "(most recent call last):" in text:
         text = _unfold(text)
+    if "(most recent call last)" in text and ".py:" in text:
+        text = _ipython_frames(text)
     text = _oldest_first(text)
     log = _Log(text)
     v, lines, stages = log.view, log.view.lines, log.stages

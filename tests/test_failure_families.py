@@ -451,3 +451,14 @@ def test_a_vllm_log_that_stops_after_its_graphs_are_captured_is_up_but_an_sglang
     sgl = ("[2026-01-01 10:00:00] Capture cuda graph begin. This can take up to several minutes.\n"
            "[2026-01-01 10:00:09] Capture cuda graph end. Time elapsed: 9.0 s. mem usage=1.0 GB.\n")
     assert not classify(sgl).healthy
+
+
+def test_a_notebooks_traceback_reads_where_it_was_raised():
+    # IPython / Jupyter frames ("File <path>:<line>, in <qualified name>(<args>)"), cut before the
+    # exception line, innermost in the weight loader (vllm model_executor/model_loader/)
+    log = ("KeyError                                  Traceback (most recent call last)\n"
+           "Cell In[3], line 1\n----> 1 llm = LLM(model=path)\n\n"
+           "File ~/env/lib/python3.10/site-packages/vllm/entrypoints/llm.py:123, in LLM.__init__(self, model)\n"
+           "File ~/env/lib/python3.10/site-packages/vllm/model_executor/model_loader/loader.py:42, "
+           "in DefaultModelLoader.load_model(self, model_config)\n")
+    assert classify(log).failure_class == "model_weights_error"
