@@ -408,13 +408,29 @@ def _unfold(text: str) -> str:
         after = m.string[m.end():m.end() + 6]
         return "\n  " if after.startswith('File "') else "\n    " if len(m.group(0)) >= 3 else "\n"
 
-    return _FOLDED_TB.sub(lambda m: _FOLD_POINT.sub(point, m.group(0)), text)
+    out, pos, banner = [], 0, "Traceback (most recent call last):"
+    while (hit := text.find(banner, pos)) >= 0:  # only the lines holding a banner are looked at
+        start = text.rfind("\n", 0, hit) + 1
+        end = text.find("\n", hit)
+        end = len(text) if end < 0 else end
+        line = text[start:end]
+        if _FOLDED_TB.match(line):
+            out += [text[pos:start], _FOLD_POINT.sub(point, line)]
+            pos = end
+        else:
+            out.append(text[pos:end])
+            pos = end
+        if pos >= len(text):
+            break
+    return "".join(out) + text[pos:]
 
 
 #: A line that starts with its timestamp (a console's or a collector's own column).
 _LEAD_TS = re.compile(r"^[ \t]*(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d+))?", re.M)
 #: Timestamped lines looked at to tell a newest-first log (enough to see its order).
 ORDER_SAMPLE = 50
+#: Characters at the head of a log searched for those timestamps (a big log is not scanned whole).
+ORDER_HEAD_CHARS = 200_000
 
 
 def _oldest_first(text: str) -> str:
@@ -422,7 +438,7 @@ def _oldest_first(text: str) -> str:
     line first (its leading timestamps only decrease) is put back oldest first, block by block (a
     timestamped line and the lines under it up to the next one stay together)."""
     stamps = []
-    for m in _LEAD_TS.finditer(text):
+    for m in _LEAD_TS.finditer(text, 0, ORDER_HEAD_CHARS):
         stamps.append((m.group(1), m.group(2), float("0." + (m.group(3) or "0"))))
         if len(stamps) >= ORDER_SAMPLE:
             break
