@@ -192,6 +192,15 @@ _SGLANG_LOG = re.compile(r"\bsglang\b|Load weight begin|Capture cuda graph|fired
 #: lifecycle, never a ready line of the engine even when they quote one.
 _HARNESS = re.compile(r"^\s*\[(?:harness|dmesg)\]")
 _NOT_READY = re.compile(r"never (?:became|got|reached) ready|not ready|startup deadline exceeded|did not become ready", re.I)
+#: A launcher or client polling the server that is still not up ("Attempt 23: Please wait for
+#: sglang server to become ready...", "Waiting for the vLLM server to start", "server not ready
+#: yet, retrying"): said again and again, evidence of waiting on a server that never came up.
+_POLLING = re.compile(r"\b(?:wait(?:ing)?|poll(?:ing)?|retry(?:ing)?)\b.{0,40}\b(?:server|engine|endpoint|api)\b.{0,40}"
+                      r"\b(?:ready|up|start(?:ed|s)?|respond\w*|available|online)\b"
+                      r"|\b(?:server|engine|endpoint|api)\b.{0,30}\b(?:is )?not (?:yet )?(?:ready|up|available|responding)\b",
+                      re.I)
+#: How many polling lines make the evidence (one "waiting for ..." line is a step of a startup).
+POLLING_LINES = 2
 #: Human names of the startup milestones (``milestones`` of failure_signatures.yaml).
 PHASE_NAMES = {None: "start", "dist_init": "distributed init", "dist_ready": "distributed init done",
                "load": "weights", "loaded": "weights loaded", "compile": "torch.compile",
@@ -372,10 +381,92 @@ def strip_control(text: str) -> str:
 _CURLY = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
 
 
+#: A traceback pasted with its newlines lost (a web form or a chat turned them into spaces): the
+#: banner and its first frame on one line.
+_FOLDED_TB = re.compile(r"^.*Traceback \(most recent call last\):[ \t]+File \".*$", re.M)
+#: Where the lost newlines were: before a frame or a chained-exception banner (2+ spaces), before
+#: a frame's source line (its 4-space indent: 3+ spaces), before an exception line.
+_FOLD_POINT = re.compile(r"[ \t]+(?=Traceback \(most recent call last\)|File \"|During handling of the above exception"
+                         r"|The above exception was the direct cause)|[ \t]{3,}"
+                         r"|[ \t]+(?=(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt): )")
+
+
+#: A frame of IPython's / Jupyter's traceback: ``File ~/env/lib/.../llm.py:123, in LLM.__init__(self, ...)``.
+_IPY_FRAME = re.compile(r"^([ \t]*)File ((?:~|/|[A-Za-z]:\\)[^\n]*?\.py):(\d+), in (?:[\w<>]+\.)*([\w<>]+)\b.*$", re.M)
+
+
+def _ipython_frames(text: str) -> str:
+    """``text`` with IPython's / Jupyter's frames written as Python's (``File "path", line N, in
+    f``), so where a notebook's exception was raised reads as in any traceback."""
+    return _IPY_FRAME.sub(lambda m: f'{m.group(1)}  File "{m.group(2)}", line {m.group(3)}, in {m.group(4)}', text)
+
+
+def _unfold(text: str) -> str:
+    """``text`` with each traceback that was pasted on one line (its newlines turned into spaces)
+    split back into its lines, so its frames and exception line read as a traceback."""
+    def point(m: re.Match[str]) -> str:  # a frame indented 2, its source line 4, the rest at 0
+        after = m.string[m.end():m.end() + 6]
+        return "\n  " if after.startswith('File "') else "\n    " if len(m.group(0)) >= 3 else "\n"
+
+    out, pos, banner = [], 0, "Traceback (most recent call last):"
+    while (hit := text.find(banner, pos)) >= 0:  # only the lines holding a banner are looked at
+        start = text.rfind("\n", 0, hit) + 1
+        end = text.find("\n", hit)
+        end = len(text) if end < 0 else end
+        line = text[start:end]
+        if _FOLDED_TB.match(line):
+            out += [text[pos:start], _FOLD_POINT.sub(point, line)]
+            pos = end
+        else:
+            out.append(text[pos:end])
+            pos = end
+        if pos >= len(text):
+            break
+    return "".join(out) + text[pos:]
+
+
+#: A line that starts with its timestamp (a console's or a collector's own column).
+_LEAD_TS = re.compile(r"^[ \t]*(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d+))?", re.M)
+#: Timestamped lines looked at to tell a newest-first log (enough to see its order).
+ORDER_SAMPLE = 50
+#: Characters at the head of a log searched for those timestamps (a big log is not scanned whole).
+ORDER_HEAD_CHARS = 200_000
+
+
+def _oldest_first(text: str) -> str:
+    """``text`` in the order it was written: a log copied from a console that shows the newest
+    line first (its leading timestamps only decrease) is put back oldest first, block by block (a
+    timestamped line and the lines under it up to the next one stay together)."""
+    stamps = []
+    for m in _LEAD_TS.finditer(text, 0, ORDER_HEAD_CHARS):
+        stamps.append((m.group(1), m.group(2), float("0." + (m.group(3) or "0"))))
+        if len(stamps) >= ORDER_SAMPLE:
+            break
+    pairs = list(zip(stamps, stamps[1:]))
+    if len(stamps) < 3 or any(b > a for a, b in pairs) or sum(b < a for a, b in pairs) < 2:
+        return text
+    starts = [m.start() for m in _LEAD_TS.finditer(text)]
+    blocks = [text[a:b].rstrip("\n") for a, b in zip(starts, starts[1:] + [len(text)])]
+    return text[:starts[0]] + "\n".join(reversed(blocks)) + "\n"
+
+
+def _polled(log: _Log) -> bool:
+    """A client or launcher kept polling a server that never came up: at least
+    :data:`POLLING_LINES` lines (not our harness's) say it is waiting for the server."""
+    v = log.view
+    hit = {k for k in v.scan if not _HARNESS.match(v.forms[k].body) and _POLLING.search(v.forms[k].body)}
+    return bool(hit) and sum(1 for k in v.keys if k in hit) >= POLLING_LINES
+
+
 def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classification:
     text = strip_control(log_text.replace("\r\n", "\n").replace("\r", "\n"))
     if "\u201c" in text or "\u2018" in text:  # a log pasted through a rich-text editor: its quotes curled
         text = text.translate(_CURLY)
+    if "(most recent call last):" in text:
+        text = _unfold(text)
+    if "(most recent call last)" in text and ".py:" in text:
+        text = _ipython_frames(text)
+    text = _oldest_first(text)
     log = _Log(text)
     v, lines, stages = log.view, log.view.lines, log.stages
     # the decisive event: a row matching an error line (ERROR or FATAL) outranks any row
@@ -414,6 +505,10 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     # ready: the engine's ready line, requests served, or (vLLM only) its API server up; never
     # when our harness says the server did not become ready
     ready = ("ready" in log.reached or "first_request" in log.reached or ("api_up" in log.reached and vllm_log))
+    # for a log alone, vLLM's graphs captured read as up too: the capture is the last step of its
+    # engine's startup and its API server follows at once (SGLang still runs a warmup request
+    # after it, which can hang)
+    captured = vllm_log and "captured" in log.reached
     decisive = lines[d] if d is not None else ""
     fatal = d is not None and v.severity[d] == FATAL and not _HARNESS.match(v.body(d))
     waited = any(_HARNESS.match(f.body) and _NOT_READY.search(f.body) for f in v.forms)
@@ -426,10 +521,11 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     where = PHASE_NAMES.get(last, "")
     ready = ready and not waited
     survived = not fatal or _served_after(log, d or 0, past_all=True)
-    if phase is None and ready and exit_code in (None, 0) and not cut_tb and survived:
+    if phase is None and (ready or captured and not waited) and exit_code in (None, 0) and not cut_tb and survived:
         # reached ready, and nothing failed or the server served past what did
         line = next((ln for ln, st in zip(lines, stages) if st in ("ready", "first_request")), "") or \
-            next((ln for ln, st in zip(lines, stages) if st == "api_up"), "")
+            next((ln for ln, st in zip(lines, stages) if st == "api_up"), "") or \
+            next((ln for ln, st in zip(lines, stages) if st == "captured"), "")
         return Classification(HEALTHY, HEALTHY, "<healthy: reached ready, no failure signature>", line, where)
     if phase is None and exit_code is None:
         # a log alone, ended by an error nothing names: a crash with that error, not a timeout
@@ -437,7 +533,7 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         # stops in a startup stage with no error)
         if fatal or (crashed and not waited):
             return _make("unknown", decisive, "<no log output, exit unknown>", where)
-        if last is None and not waited:
+        if last is None and not waited and not _polled(log):
             # no startup progress, no error, no harness deadline line (an empty log, binary
             # noise): no evidence of waiting, so not a startup timeout; the caller's exit code
             # or phase (--exit-code / --phase) decides

@@ -265,6 +265,45 @@ def test_a_server_that_served_past_an_error_is_healthy_and_one_that_died_is_not(
     # vllm quantization layers: a TP size that splits a quantized weight off its groups
     ("ValueError: The input size is not aligned with the quantized weight shape. This can be caused by too large "
      "tensor parallel size.", "server_args_incompatible"),
+    # CUDA's stream-capture errors: NCCL's only beside NCCL evidence, any other op's a capture failure
+    ("RuntimeError: CUDA error: operation not permitted when stream is capturing", "cuda_graph_capture_failed_other"),
+    ("gpu1:1:1 [0] enqueue.cc:1 NCCL WARN Cuda failure 'operation not permitted when stream is capturing'",
+     "nccl_graph_capture_error"),
+    # torch's capture guards (CUDAGeneratorImpl.cpp, CUDAGraphsC10Utils.h assertNotCapturing)
+    ("RuntimeError: Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture. If you need this call to "
+     "be captured, please file an issue. Current cudaStreamCaptureStatus: cudaStreamCaptureStatusActive",
+     "cuda_graph_capture_failed_other"),
+    # vllm v1/worker: the device's free memory at startup below the requested share (held by others)
+    ("ValueError: Free memory on device cuda:0 (3.10/79.19 GiB) on startup is less than desired GPU memory "
+     "utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+     "gpu_busy"),
+    # vllm gpu_worker.py: a negative KV budget after profiling
+    ("(EngineCore pid=1) INFO 01-01 00:00:00 [gpu_worker.py:1] Available KV cache memory: -1.50 GiB\n"
+     "(EngineCore pid=1) ERROR 01-01 00:00:00 [core.py:1] EngineCore failed to start.", "kv_cache_pool_too_small"),
+    # Ray's memory monitor (raylet node_manager.cc)
+    ("(raylet) node_manager.cc:1: 1 Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed "
+     "due to other reasons at node", "host_oom_killed"),
+    # EADDRINUSE on Windows (WSAEADDRINUSE 10048) and macOS (48), as uvicorn reports a bind
+    ("ERROR:    [Errno 10048] error while attempting to bind on address ('0.0.0.0', 8000): only one usage of each "
+     "socket address (protocol/network address/port) is normally permitted", "port_in_use"),
+    ("ERROR:    [Errno 48] error while attempting to bind on address ('0.0.0.0', 8000): address already in use",
+     "port_in_use"),
+    # transformers dynamic_module_utils.py resolve_trust_remote_code: its prompt, answered by EOFError
+    ("The repository for org/m contains custom code which must be executed to correctly load the model.\n"
+     "EOFError: EOF when reading a line", "model_load_error"),
+    # torch c10d TCPStore: a rank's rendezvous with the master timed out
+    ("torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to connect to "
+     "(10.0.0.1, 29500).", "collective_hang_or_timeout"),
+    # vLLM v0's engine death under its API server (async_llm_engine.py)
+    ("vllm.engine.async_llm_engine.AsyncEngineDeadError: Background loop has errored already.", "server_crash"),
+    # a client quoting the server's 500 (openai _exceptions.py) and vLLM's request-level failure
+    ("openai.InternalServerError: Error code: 500 - {'object': 'error', 'message': 'boom'}", "server_http_error"),
+    ("vllm.v1.engine.exceptions.EngineGenerateError", "server_http_error"),
+    # uvicorn run_asgi: a request failing inside a running server's app
+    ('INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error\n'
+     "ERROR:    Exception in ASGI application\n" + TB
+     + '  File "/x/uvicorn/protocols/http/httptools_impl.py", line 1, in run_asgi\n    result = await app(\n',
+     "server_http_error"),
 ])
 def test_families_cover_the_wordings_of_engine_messages(line, expected):
     c = classify(line + "\n")
@@ -345,3 +384,81 @@ def test_a_pydantic_value_error_is_the_message_of_its_validation_error():
     assert classify(log).failure_class == "spec_decode_config_error"
     other = log.replace("the eagle3 speculative method needs a draft model path", "max_num_seqs must be positive")
     assert classify(other).failure_class == "server_args_incompatible"
+
+
+def test_an_engine_side_port_is_not_the_servers_port():
+    # vllm utils.py get_open_port binding a free port for its own side channel
+    log = (TB + _frame("vllm/utils.py", "get_open_port", '    s.bind(("", 0))')
+           + "OSError: [Errno 98] Address already in use\n")
+    assert classify(log).failure_class != "port_in_use"
+
+
+def test_the_engine_core_dying_while_it_waits_on_a_worker_is_a_hang():
+    # vllm v1/executor/multiproc_executor.py collective_rpc -> shm_broadcast.py dequeue (cut excerpt)
+    hdr = "ERROR 01-01 00:00:00 [core.py:1] "
+    log = (hdr + "EngineCore encountered a fatal error.\n" + hdr + TB
+           + hdr + '  File "/x/vllm/v1/executor/multiproc_executor.py", line 1, in collective_rpc\n'
+           + hdr + "    status, result = w.worker_response_mq.dequeue(\n")
+    assert classify(log).failure_class == "engine_hang_detected"
+    # a worker that reported its own error is that error, not a hang
+    assert classify(log + hdr + "RuntimeError: Worker failed with error 'boom'\n").failure_class != "engine_hang_detected"
+
+
+def test_serving_lines_in_both_sglang_wordings_and_an_engine_done_line_are_healthy():
+    for sep in (".", ","):
+        log = "".join(f"[2026-01-01 10:00:0{i}] Decode batch{sep} #running-req: 3, #token: 90, token usage: 0.01, "
+                      f"gen throughput (token/s): 100.0, #queue-req: 0\n" for i in range(3))
+        assert classify(log).healthy
+    # vllm v1/engine/core.py: the engine core's startup done
+    done = "(EngineCore pid=1) INFO 01-01 00:00:00 [core.py:1] init engine (profile, create kv cache, warmup model) took 40.0 s\n"
+    assert classify(done).healthy
+
+
+def test_a_client_polling_a_server_that_never_came_up_is_a_startup_timeout():
+    log = "".join(f"2026-01-01 10:00:0{i},000 - __main__ - WARNING - Attempt {i}: Please wait for the server to become "
+                  f"ready...\n" for i in range(3))
+    assert classify(log).failure_class == "startup_timeout"
+    assert classify(log.splitlines()[0] + "\n").failure_class == "unknown"  # once is a step of a startup
+
+
+def test_a_traceback_pasted_on_one_line_reads_as_a_traceback():
+    # transformers models/auto/configuration_auto.py CONFIG_MAPPING[...] on an unknown model type
+    log = ("[2026-01-01 10:00:00] Scheduler hit an exception: Traceback (most recent call last):   File "
+           '"/x/transformers/models/auto/configuration_auto.py", line 1, in from_pretrained     config_class = '
+           'CONFIG_MAPPING[config_dict["model_type"]]   File "/x/transformers/models/auto/configuration_auto.py", '
+           "line 2, in __getitem__     raise KeyError(key) KeyError: 'newarch'  During handling of the above "
+           "exception, another exception occurred:\n")
+    assert classify(log).failure_class == "model_load_error"
+
+
+def test_a_log_copied_newest_first_is_read_oldest_first():
+    # a console that shows the newest line first: vLLM's capture line, then its OOM (model_runner.py)
+    lines = ["INFO 01-01 10:00:00 llm_engine.py:1] # GPU blocks: 7754, # CPU blocks: 2048",
+             "INFO 01-01 10:00:01 model_runner.py:1] Capturing the model for CUDA graphs.",
+             "ERROR 01-01 10:00:02 engine.py:1] Error initializing vLLM engine: CUDA out of memory. Tried to allocate 2 MiB"]
+    blocks = [f"2026-01-01 10:00:0{i}.000\n[info]\n{ln}" for i, ln in enumerate(lines)]
+    assert classify("\n".join(blocks) + "\n").failure_class == "cuda_oom_graph_capture"
+    assert classify("\n".join(reversed(blocks)) + "\n").failure_class == "cuda_oom_graph_capture"
+
+
+def test_a_vllm_log_that_stops_after_its_graphs_are_captured_is_up_but_an_sglang_one_is_not():
+    # vllm gpu_model_runner.py: the capture is the last step of its engine's startup
+    vllm = ("(EngineCore pid=1) INFO 01-01 00:00:00 [gpu_model_runner.py:1] Capturing CUDA graphs (mixed prefill-decode)\n"
+            "(EngineCore pid=1) INFO 01-01 00:00:09 [gpu_model_runner.py:1] Graph capturing finished in 9 secs, took 0.5 GiB\n")
+    assert classify(vllm).healthy
+    assert classify(vllm, 1, None).failure_class != "server_crash"  # an exit code: not read as up
+    # sglang cuda_graph_runner.py: its warmup request still follows the capture
+    sgl = ("[2026-01-01 10:00:00] Capture cuda graph begin. This can take up to several minutes.\n"
+           "[2026-01-01 10:00:09] Capture cuda graph end. Time elapsed: 9.0 s. mem usage=1.0 GB.\n")
+    assert not classify(sgl).healthy
+
+
+def test_a_notebooks_traceback_reads_where_it_was_raised():
+    # IPython / Jupyter frames ("File <path>:<line>, in <qualified name>(<args>)"), cut before the
+    # exception line, innermost in the weight loader (vllm model_executor/model_loader/)
+    log = ("KeyError                                  Traceback (most recent call last)\n"
+           "Cell In[3], line 1\n----> 1 llm = LLM(model=path)\n\n"
+           "File ~/env/lib/python3.10/site-packages/vllm/entrypoints/llm.py:123, in LLM.__init__(self, model)\n"
+           "File ~/env/lib/python3.10/site-packages/vllm/model_executor/model_loader/loader.py:42, "
+           "in DefaultModelLoader.load_model(self, model_config)\n")
+    assert classify(log).failure_class == "model_weights_error"
