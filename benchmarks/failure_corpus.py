@@ -27,12 +27,14 @@ import argparse
 import json
 import os
 import platform
+import random
 import re
 import statistics
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,25 +170,30 @@ def build_big_log(path: Path, size: int = TEN_MB) -> Path:
     return path
 
 
-def build_distinct_log(path: Path, size: int = TEN_MB) -> Path:
-    """A ``size``-byte log of distinct lines (vLLM logging each request's id and prompt), then
-    the same real crash tail: the case where no two lines are alike."""
-    import random
-
-    rng = random.Random(0)
-    words = ("the a model request prompt token user assistant hello world why sky blue explain write code "
-             "python list sort number story poem").split()
+def _fill(path: Path, size: int, seed: int, line: Callable[[int, random.Random], str]) -> Path:
+    """Write ``line(i, rng)`` for i = 0, 1, ... until ``size`` bytes less the real crash tail
+    (``tests/data/vllm_logs/cpu_engine_core_sigkill_mid_stream.log``), then that tail."""
+    rng = random.Random(seed)
     tail = (REPO / "tests" / "data" / "vllm_logs" / "cpu_engine_core_sigkill_mid_stream.log").read_text()
     lines, n, i = [], 0, 0
     while n < size - len(tail):
-        ln = (f"(APIServer pid=1) INFO 01-01 10:00:{i % 60:02d} [logger.py:43] Received request "
-              f"chatcmpl-{rng.getrandbits(64):016x}: prompt: '{' '.join(rng.choice(words) for _ in range(12))}', "
-              "params: SamplingParams(n=1, temperature=0.7)\n")
+        ln = line(i, rng)
         lines.append(ln)
         n += len(ln)
         i += 1
     path.write_text("".join(lines) + tail)
     return path
+
+
+def build_distinct_log(path: Path, size: int = TEN_MB) -> Path:
+    """A ``size``-byte log of distinct lines (vLLM logging each request's id and prompt), then
+    the same real crash tail: the case where no two lines are alike."""
+    words = ("the a model request prompt token user assistant hello world why sky blue explain write code "
+             "python list sort number story poem").split()
+    return _fill(path, size, 0, lambda i, rng: (
+        f"(APIServer pid=1) INFO 01-01 10:00:{i % 60:02d} [logger.py:43] Received request "
+        f"chatcmpl-{rng.getrandbits(64):016x}: prompt: '{' '.join(rng.choice(words) for _ in range(12))}', "
+        "params: SamplingParams(n=1, temperature=0.7)\n"))
 
 
 def build_sglang_distinct_log(path: Path, size: int = TEN_MB) -> Path:
@@ -194,20 +201,10 @@ def build_sglang_distinct_log(path: Path, size: int = TEN_MB) -> Path:
     says ``token usage: 0.42``) names its request's id, as a per-request logging patch writes
     them (the shape an adversarial run timed at 6.4 s CPU when ``usage:`` made every line a
     trigger line), then the same real crash tail."""
-    import random
-
-    rng = random.Random(1)
-    tail = (REPO / "tests" / "data" / "vllm_logs" / "cpu_engine_core_sigkill_mid_stream.log").read_text()
-    lines, n, i = [], 0, 0
-    while n < size - len(tail):
-        ln = (f"[2026-01-01 10:{i // 3600 % 60:02d}:{i // 60 % 60:02d} TP{i % 8}] Decode batch. #running-req: {i % 97}, "
-              f"#token: {i * 37 % 90000}, token usage: 0.{i % 100:02d}, gen throughput (token/s): {i % 5000}.{i % 10}, "
-              f"#queue-req: {i % 7}, rid='{rng.getrandbits(64):016x}'\n")
-        lines.append(ln)
-        n += len(ln)
-        i += 1
-    path.write_text("".join(lines) + tail)
-    return path
+    return _fill(path, size, 1, lambda i, rng: (
+        f"[2026-01-01 10:{i // 3600 % 60:02d}:{i // 60 % 60:02d} TP{i % 8}] Decode batch. #running-req: {i % 97}, "
+        f"#token: {i * 37 % 90000}, token usage: 0.{i % 100:02d}, gen throughput (token/s): {i % 5000}.{i % 10}, "
+        f"#queue-req: {i % 7}, rid='{rng.getrandbits(64):016x}'\n"))
 
 
 def time_big(path: Path) -> list[tuple[float, float]]:
