@@ -317,7 +317,7 @@ def count_proposals(recs: Sequence[trial_records.TrialRecord], confirmation: Map
         if r.failure_class:
             by_class.setdefault(r.failure_class, [0, 0])[1] += 1
     return Counts(proposals=len(launched) + len(probes) + len(answered), launched=len(launched), probes=len(probes),
-                  probes_passed=sum(r.status == "ok" and not (r.probe or {}).get("dead_end") for r in probes),
+                  probes_passed=sum(trial_records.requestion_passed(r.status, r.probe) for r in probes),
                   ok=sum(r.status == "ok" for r in launched), failed=sum(r.status == "failed" for r in launched),
                   infra=sum(r.status in ("infra_error", "interrupted") for r in launched),
                   answered=len(answered), by_reason={k: reasons[k] for k in sorted(reasons)},

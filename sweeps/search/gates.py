@@ -54,7 +54,7 @@ def probe_only(status: str, probe: Mapping[str, Any] | None) -> bool:
     """A re-question trial whose probe passed (:mod:`sweeps.search.probes`; not one that saw its
     allreduce level silently fall back): it started the config but measured nothing, so the
     config is neither a duplicate source, nor taken, nor a silently degraded level."""
-    return status == Status.OK and trial_records.is_requestion(probe) and not (probe or {}).get("dead_end")
+    return trial_records.requestion_passed(status, probe)
 
 
 def infeasible(space: SearchSpace, params: Mapping[str, Any]) -> Skip | None:

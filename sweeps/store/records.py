@@ -66,6 +66,12 @@ def is_requestion(probe: Mapping[str, Any] | None) -> bool:
     return bool((probe or {}).get(A_REQUESTION))
 
 
+def requestion_passed(status: str, probe: Mapping[str, Any] | None) -> bool:
+    """True for a re-question probe that reached ready (``status`` ok) without seeing its dead
+    end (not its allreduce level silently falling back): the dead end no longer reproduces."""
+    return status == "ok" and is_requestion(probe) and not (probe or {}).get("dead_end")
+
+
 class TrialRecord(Outcome):
     """One trial as the findings/report/MLflow code sees it: its stored :class:`Outcome`
     (every outcome field, under the same name) with the trial's identity.
