@@ -325,7 +325,13 @@ class _Plateau(dict):
         return 90.0 if g <= 128 else 85.5 if g == 256 else 82.0
 
 
-def _plateau_driver(tmp_path, trials):
+#: the plateau study's trials: the baseline g512 (82 tok/s) and the sweep's measured best, g64 with a
+#: custom allreduce (91, a lucky plateau member)
+PLATEAU_TRIALS = (({"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}, 82.0, True),
+                  ({"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}, 91.0, False))
+
+
+def _plateau_driver(tmp_path, trials=PLATEAU_TRIALS):
     """A stand-in driver on the smoke sweep with the campaign's CUDA-graph levels and baseline g512."""
     drv = _Driver(tmp_path, _study_wide(trials), _Plateau())
     drv.spec = load_spec(compose_cfg(["sweep=smoke", f"tracking.store_dir={tmp_path}",
@@ -378,9 +384,7 @@ def test_the_race_walks_to_the_plateau_member_nearest_the_baseline(tmp_path):
     adds configs one step simpler than its pick, unmeasured ones included, and the pick walks to
     g128 with the default allreduce, which no trial measured; g256 separates below it. The
     added configs are stored, their launches count, and a rerun launches nothing."""
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
-    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    drv = _plateau_driver(tmp_path)
     out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
     by = {e["trial"]: e for e in out["entries"]}
     win = by[out["winner"]]
@@ -403,9 +407,7 @@ def test_the_race_walks_to_the_plateau_member_nearest_the_baseline(tmp_path):
 
 
 def test_the_descent_stops_at_its_limit_and_is_off_by_default(tmp_path):
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
-    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    drv = _plateau_driver(tmp_path)
     out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, simpler_max=0)
     assert out["derived"] == [] and {e["trial"] for e in out["entries"]} == {0, 1}
     out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, simpler_max=0, descend=2, force=True)
@@ -439,9 +441,7 @@ def test_a_config_only_the_race_measured_is_logged_under_the_parent_run(tmp_path
 def test_findings_name_the_configs_the_race_added(tmp_path):
     from sweeps.publish.findings.sections import confirmation_lines
 
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
-    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    drv = _plateau_driver(tmp_path)
     out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, simpler_max=0, descend=8)
     text = "\n".join(confirmation_lines(out))
     win = next(e for e in out["entries"] if e["trial"] == out["winner"])
@@ -450,10 +450,8 @@ def test_findings_name_the_configs_the_race_added(tmp_path):
 
 
 def test_the_descent_does_not_relaunch_a_config_the_sweep_saw_fail(tmp_path):
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
     dead = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}  # its one step simpler, failed
-    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    drv = _plateau_driver(tmp_path)
     dist = {"speculative": optuna.distributions.CategoricalDistribution(["none"]),
             "allreduce": optuna.distributions.CategoricalDistribution(["nccl", "custom", "flashinfer_fusion"]),
             "cuda_graph_max_bs": optuna.distributions.CategoricalDistribution([16, 32, 64, 128, 256, 512])}
@@ -474,12 +472,10 @@ def test_a_driver_killed_mid_race_keeps_its_finished_rounds(tmp_path):
     """The driver dies (no handler runs) while the race descends; the rounds it finished are in
     the study, and the resumed race launches only what is missing: fewer launches than a race
     from scratch, none of the killed run's repeats again, the same winner as an unkilled race."""
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
-    ref = _plateau_driver(tmp_path / "ref", [(base, 82.0, True), (best, 91.0, False)])
+    ref = _plateau_driver(tmp_path / "ref")
     whole = confirm.confirm_top(ref, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
     n_whole = len(ref._trial_task.calls)
-    drv = _plateau_driver(tmp_path / "kill", [(base, 82.0, True), (best, 91.0, False)])
+    drv = _plateau_driver(tmp_path / "kill")
     task, remote = drv._trial_task, drv._trial_task.remote
 
     def dies_at_the_descent(spec, profile, workdir):
@@ -512,9 +508,7 @@ def test_a_config_only_the_race_measured_is_a_duplicate_for_the_next_proposal(tm
     from sweeps.search import gates
     from sweeps.store.study import verdict_for
 
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
-    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    drv = _plateau_driver(tmp_path)
     out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
     added = [d for d in out["derived"] if not d["in_study"]]
     assert added
@@ -540,9 +534,7 @@ def test_a_race_added_winner_is_the_parents_best_run(tmp_path):
     from sweeps.publish.parent_run import log_truth
     from sweeps.store.tracking import Tracker
 
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    best = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 64}
-    drv = _plateau_driver(tmp_path, [(base, 82.0, True), (best, 91.0, False)])
+    drv = _plateau_driver(tmp_path)
     out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=6, margin=0.01, simpler_max=0, descend=8)
     assert out["winner"] >= confirm.DERIVED_BASE, out["winner_note"]
     tr = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "exp", str(tmp_path / "art"))
