@@ -270,9 +270,9 @@ def test_separation_from_many_contenders_is_bonferroni_adjusted():
 
 def test_a_simpler_config_leaves_the_tie_group_only_when_shown_worse_by_more_than_the_margin():
     """The plateau of the campaign: g64 (3 log2 steps from the baseline's g512) and g128 (2 steps)
-    have the same rate. A noisy g64 leads g128 by 0.6 %, separated at 95 % but not by the 1 %
-    margin: g128, ranked ahead by the tie-break, stays in the tie group and is the pick. Shown 3 %
-    worse it leaves the group; a contender ranked after the leader leaves it once shown worse at all."""
+    have the same rate. A noisy g64 leads g128 by 0.6 %, separated at 95 % but less than the 1 %
+    margin ahead: g128, ranked ahead by the tie-break, stays in the tie group and is the pick. Shown
+    3 % worse it leaves the group; a contender ranked after the leader leaves it once shown worse at all."""
     g64 = [90.0, 90.1, 89.95, 90.05, 90.0, 89.9]
     g128 = [v - 0.55 for v in g64[::-1]]
     assert decision.compare(g64, g128, True, 0.01, 0.95) == "separated"
@@ -307,3 +307,15 @@ def test_futility_projects_with_the_races_pooled_spread():
     d = decision.decide(race, True, 0.01, 0.95, 8)
     assert d.status == "racing" and d.pick == 2 and 2 in d.more, d
     assert decision.pooled_cv2([[1.0]]) is None
+
+
+def test_a_simpler_config_estimated_practically_worse_leaves_although_its_interval_reaches_the_margin():
+    """A simpler config 2 % below the leader, shown worse (the interval excludes 0) but with an
+    interval whose low end lies inside the 1 % margin: its mean lead is beyond the margin, so it
+    leaves the tie group and the leader is the pick (keeping it deployed configs 2-3 % worse)."""
+    lead = [100.0, 101.5, 98.5, 100.8, 99.2, 100.0]
+    simpler = [v - 2.0 for v in lead[::-1]]
+    _, lo, _ = decision.welch_interval(lead, simpler, 0.95)
+    assert 0 < lo < 1.0
+    d = decision.decide([_c(1, lead, non_default=2), _c(2, simpler, non_default=0)], True, 0.01, 0.95, 6)
+    assert d.relation[2] == "separated" and d.pick == 1 and d.tie_group == [1], d
