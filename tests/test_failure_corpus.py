@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.failure_corpus import CORPUS_DIR, CorpusError, load_corpus, load_entry, nearest, tokens
+from tasks.failure_corpus import CORPUS_DIR, PARTS, CorpusError, load_corpus, load_entry, nearest, tokens
 from tasks.failure_events import ERROR, FATAL, INFO, WARN, parse_log, strip_prefixes
 from tasks.failures import KIND, classify
 
@@ -50,7 +50,8 @@ def test_dev_part_covers_both_engines_and_healthy_and_unknown():
 def test_every_corpus_entry_loads_and_ids_are_unique():
     entries = load_corpus()
     assert len({e.id for e in entries}) == len(entries)
-    assert {e.part for e in entries} == {"dev", "test", "test2", "test3", "test4", "test5"}
+    assert {e.part for e in entries} == set(PARTS)
+    assert PARTS[:6] == ("dev", "test", "test2", "test3", "test4", "test5")  # found on disk, in order
 
 
 ENTRY = {"id": "vllm-1", "source": "vllm-project/vllm#1", "url": "https://github.com/vllm-project/vllm/issues/1",

@@ -26,7 +26,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CORPUS_DIR = Path(__file__).resolve().parent
-PARTS = ("dev", "test", "test2", "test3", "test4", "test5")
+#: The parts, ``dev`` then ``test``, ``test2``, ... in their order: every ``dev`` / ``test<N>``
+#: directory of the corpus, so a new held-out part is picked up by the loader, the benchmark's
+#: ``--parts`` and the tool's ``--corpus-parts`` without another list to edit.
+PARTS: tuple[str, ...] = tuple(sorted((d.name for d in CORPUS_DIR.iterdir() if d.is_dir() and re.fullmatch(r"dev|test\d*", d.name)),
+                                      key=lambda n: -1 if n == "dev" else int(n[4:] or 1)))
 #: The verdict for a log of a server that came up and served (``tasks.failures.HEALTHY``).
 HEALTHY = "healthy"
 Engine = Literal["sglang", "vllm", "other"]
@@ -74,7 +78,7 @@ class CorpusEntry(BaseModel):
     expected_kind: str
     why: str = Field(min_length=3)
     log: str = Field(min_length=1)
-    part: Literal["dev", "test", "test2", "test3", "test4", "test5"]
+    part: Literal[PARTS]  # type: ignore[valid-type]  # the parts found on disk
 
     @field_validator("version", "gpu", mode="before")
     @classmethod
@@ -131,7 +135,7 @@ def load_corpus(parts: Iterable[str] = PARTS, root: str | Path = CORPUS_DIR,
     """Every entry of the given parts, sorted by part then id.
 
     Args:
-        parts: any of :data:`PARTS` (``dev``, ``test``, ``test2``, ``test3``, ``test4``, ``test5``).
+        parts: any of :data:`PARTS` (``dev``, ``test``, ``test2``, ...).
         root: the corpus directory.
         errors: when given, a bad entry is skipped and its message appended here instead of
             raising (the benchmark scores what validates and says what did not).
