@@ -462,3 +462,57 @@ def test_a_notebooks_traceback_reads_where_it_was_raised():
            "File ~/env/lib/python3.10/site-packages/vllm/model_executor/model_loader/loader.py:42, "
            "in DefaultModelLoader.load_model(self, model_config)\n")
     assert classify(log).failure_class == "model_weights_error"
+
+
+# ------------------------------------------------------------------ test5 round: wordings of other versions
+@pytest.mark.parametrize("log, expected, phase", [
+    # aws-ofi-nccl's completion error (NCCL_OFI_WARN in nccl_ofi_sendrecv.c; aws/aws-ofi-nccl#161's title)
+    ("algo-1:462:1676 [0] ofi_process_cq:1029 NCCL WARN NET/OFI Request completed with error. RC: 21. "
+     "Error: unknown error\n", "nccl_network_error", "start"),
+    # NCCL socket.cc socketStartConnect with a network errno (NVIDIA/nccl-tests#166)
+    ("ubuntu:39964:40075 [0] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to 10.0.0.2<45763> failed : "
+     "Software caused connection abort\n", "nccl_network_error", "start"),
+    # socket.cc socketProgressOpt ("Call to %s %s failed : %s") resetting during the bootstrap
+    ("node1:9:9 [0] misc/socket.cc:46 NCCL WARN socketProgressOpt: Call to recv from 10.0.0.3<41234> failed : "
+     "Connection reset by peer\nnode1:9:9 [0] NCCL INFO misc/socket.cc:64 -> 6\n", "nccl_network_error", "start"),
+    # NCCL graph/search.cc with an image's NCCL_GRAPH_FILE for more GPUs (NVIDIA/nccl#1008, #1240)
+    ("vm:1:2 [0] NCCL INFO NCCL_GRAPH_FILE set by environment to /opt/microsoft/ncv4/graph.xml\n"
+     "vm:1:2 [0] graph/search.cc:703 NCCL WARN XML Import Channel : dev 1 not found.\n"
+     "vm:1:2 [0] NCCL INFO graph/search.cc:733 -> 2\nvm:1:2 [0] NCCL INFO init.cc:893 -> 2\n",
+     "nccl_init_system_error", "start"),
+    # vLLM v0's API server finding its engine gone (entrypoints/launcher.py; engine/multiprocessing/client.py)
+    ("ERROR 12-06 14:09:37 client.py:282] RuntimeError('Engine process (pid 16470) died.')\n"
+     "CRITICAL 12-06 14:09:39 launcher.py:99] MQLLMEngine is already dead, terminating server process\n",
+     "server_crash", "start"),
+    # Ray's actor death (ray/exceptions.py ActorDiedError; RayActorError before Ray 2: ray-project/ray#5820)
+    ("ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.\n", "node_lost", "start"),
+    # SGLang multimodal_gen http_server.py _run_server_warmup_after_http_ready
+    ("[06-17 13:46:56] Server warmup failed; aborting startup: HTTP server did not become ready at "
+     "http://127.0.0.1:30000/health\n", "health_check_failed", "start"),
+    # the launcher's readiness request through an HTTP proxy answered 403 (urllib3's debug line; sglang#9814)
+    ('[2025-08-13 11:01:02] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)\n'
+     '[2025-08-13 11:01:03] http://10.0.0.9:3128 "GET http://0.0.0.0:30000/get_model_info HTTP/1.1" 403 3582\n',
+     "health_check_failed", "API server up"),
+])
+def test_families_of_the_test5_round(log, expected, phase):
+    c = classify(log)
+    assert (c.failure_class, c.kind, c.phase or "start") == (expected, KIND[expected], phase), c
+
+
+@pytest.mark.parametrize("log", [
+    # a peer that crashed resets the socket too: the crash decides, never the network (infra)
+    "node1:9:9 [0] misc/socket.cc:46 NCCL WARN socketProgressOpt: Call to recv from 10.0.0.3<41234> failed : "
+    "Connection reset by peer\nRuntimeError: CUDA error: an illegal memory access was encountered\n",
+    # NCCL's internal check (-> 3, ncclInternalError) fits no class (NVIDIA/nccl#520's ring check)
+    "n:1:2 [2] graph/rings.cc:38 NCCL WARN Error : ring 2 does not loop back to start (7 != 2)\n"
+    "n:1:2 [2] NCCL INFO graph/connect.cc:386 -> 3\n",
+    # Ray: the actor's own code raised (ray/exceptions.py "error raised in its creation task")
+    "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, "
+    "ray::RayWorkerWrapper.__init__()\nValueError: bad config\n",
+    # SGLang's warmup wrapper (srt/entrypoints/http_server.py) names no cause of its own
+    "[2024-12-13 01:47:34] Initialization failed. warmup error: Traceback (most recent call last):\n"
+    "requests.exceptions.HTTPError: 502 Server Error: Bad Gateway for url: http://127.0.0.1:30000/generate\n",
+])
+def test_the_test5_families_keep_their_guards(log):
+    c = classify(log)
+    assert c.kind != "infra" and c.failure_class not in ("nccl_init_system_error", "node_lost", "health_check_failed"), c
