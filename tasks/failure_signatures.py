@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -86,7 +86,7 @@ class Tables:
         degraded_paths: (allreduce path, regex) of lines saying the path was turned off.
         added: the classes added to ``../shared/data/failure_classes.md``'s canonical set
             (``added_classes``): class -> {what, sources, knobs, probe, probe_reason}.
-        raised_in: (class, regex, source) of ``raised_in``: the component a traceback's
+        raised_in: the :class:`RaisedIn` entries of ``raised_in``: the component a traceback's
             innermost frames name, tried in order when no signature row matched.
     """
 
@@ -96,7 +96,7 @@ class Tables:
     normalizers: tuple[tuple[re.Pattern[str], str], ...]
     degraded_paths: tuple[tuple[str, re.Pattern[str]], ...]
     added: dict[str, dict[str, Any]]
-    raised_in: tuple[tuple[str, re.Pattern[str], str], ...] = ()
+    raised_in: tuple[RaisedIn, ...] = ()
 
 
 def _compile(where: str, pattern: Any, flags: int = 0) -> re.Pattern[str]:
@@ -129,9 +129,7 @@ def _row(i: int, row: Any, kinds: dict[str, str], stages: set[str]) -> Signature
     if codes is not None and (not isinstance(codes, list)
                               or not all(c is None or (isinstance(c, int) and not isinstance(c, bool)) for c in codes)):
         raise SignatureTableError(f"{where}.exit_codes: expected a list of ints / null, got {codes!r}")
-    st = row.get("stages")
-    if st is not None and (not isinstance(st, list) or not set(st) <= stages):
-        raise SignatureTableError(f"{where}.stages: expected milestone names from {sorted(stages)}, got {st!r}")
+    st = _stages(where, row.get("stages"), stages)
     check = row.get("check")
     if check is not None and check not in CHECK_NAMES:
         raise SignatureTableError(f"{where}.check: {check!r} is not one of {CHECK_NAMES}")
@@ -142,8 +140,14 @@ def _row(i: int, row: Any, kinds: dict[str, str], stages: set[str]) -> Signature
         source=str(row.get("source") or ""), requires=_opt(where, row, "requires", re.MULTILINE),
         unless=_opt(where, row, "unless", re.MULTILINE), near=_opt(where, row, "near"),
         not_near=_opt(where, row, "not_near"), line_unless=_opt(where, row, "line_unless"),
-        exit_codes=None if codes is None else frozenset(codes), stages=None if st is None else frozenset(st),
-        check=check)
+        exit_codes=None if codes is None else frozenset(codes), stages=st, check=check)
+
+
+def _stages(where: str, st: Any, stages: set[str]) -> frozenset[str] | None:
+    """The ``stages`` guard of a row or a ``raised_in`` entry: milestone names, or None."""
+    if st is not None and (not isinstance(st, list) or not set(st) <= stages):
+        raise SignatureTableError(f"{where}.stages: expected milestone names from {sorted(stages)}, got {st!r}")
+    return None if st is None else frozenset(st)
 
 
 def _kinds(data: dict) -> dict[str, str]:
@@ -200,17 +204,28 @@ def _added(data: dict, kinds: dict[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _raised_in(data: dict, kinds: dict[str, str]) -> tuple[tuple[str, re.Pattern[str], str], ...]:
+class RaisedIn(NamedTuple):
+    """One ``raised_in`` entry: the class of a crash whose innermost frames ``frames`` names,
+    where the table says it comes from, and the startup stages it applies in (None: any)."""
+
+    failure_class: str
+    frames: re.Pattern[str]
+    source: str
+    stages: frozenset[str] | None = None
+
+
+def _raised_in(data: dict, kinds: dict[str, str], stages: set[str]) -> tuple[RaisedIn, ...]:
     out = []
     for i, e in enumerate(data.get("raised_in") or []):
         where = f"raised_in[{i}]"
-        if not isinstance(e, dict) or set(e) != {"class", "frames", "source"}:
-            raise SignatureTableError(f"{where}: expected exactly the keys class, frames, source, got {e!r}")
+        if not isinstance(e, dict) or not {"class", "frames", "source"} <= set(e) <= {"class", "frames", "source", "stages"}:
+            raise SignatureTableError(f"{where}: expected the keys class, frames, source[, stages], got {e!r}")
         if e["class"] not in kinds:
             raise SignatureTableError(f"{where} ({e['class']}): class is not in kinds")
         if not isinstance(e["source"], str) or not e["source"].strip():
             raise SignatureTableError(f"{where} ({e['class']}).source: expected text naming where the path comes from")
-        out.append((str(e["class"]), _compile(f"{where} ({e['class']}).frames", e["frames"]), e["source"]))
+        out.append(RaisedIn(str(e["class"]), _compile(f"{where} ({e['class']}).frames", e["frames"]), e["source"],
+                            _stages(f"{where} ({e['class']})", e.get("stages"), stages)))
     return tuple(out)
 
 
@@ -240,7 +255,7 @@ def load_tables(path: str | Path = TABLE_PATH) -> Tables:
     if missing:
         raise SignatureTableError(f"signatures: no row for {sorted(missing)} (every class in kinds needs one)")
     return Tables(kinds, rows, milestones, _normalizers(data), tuple(_pairs(data, "degraded_paths", "path")),
-                  _added(data, kinds), _raised_in(data, kinds))
+                  _added(data, kinds), _raised_in(data, kinds, stage_names))
 
 
 TABLES = load_tables()

@@ -51,6 +51,7 @@ from tasks.failure_signatures import (
     MAX_SIGNATURE_CHARS,
     NEAR_LINES,
     TABLES,
+    RaisedIn,
     Signature,
     SignatureTableError,
     normalize_line,
@@ -92,9 +93,9 @@ KIND: dict[str, str] = TABLES.kinds
 SIGNATURES: tuple[Signature, ...] = TABLES.signatures
 #: Startup milestones: the stage of a line, and the progress a startup timeout reached.
 MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = TABLES.milestones
-#: Where a crash was raised: (class, frame regex, source), the ``raised_in`` section of
+#: Where a crash was raised: (class, frame regex, source, stages), the ``raised_in`` section of
 #: failure_signatures.yaml, tried on a traceback's innermost frames when no row matched.
-RAISED_IN: tuple[tuple[str, re.Pattern[str], str], ...] = TABLES.raised_in
+RAISED_IN: tuple[RaisedIn, ...] = TABLES.raised_in
 #: Innermost ``File "..."`` frames of a traceback that :data:`RAISED_IN` reads: the raising
 #: function, its caller and one more (deeper frames are the engine's generic call path).
 INNERMOST_FRAMES = 3
@@ -320,16 +321,82 @@ def _tail_start(v: LogView) -> int:
     return i
 
 
-def _raised_in(v: LogView, frames: range) -> tuple[str, int] | None:
-    """(class, frame line) of the innermost of the last :data:`INNERMOST_FRAMES` ``File`` lines
-    of ``frames`` that a :data:`RAISED_IN` entry names; None when none does."""
-    files = [i for i in frames if _FILE_FRAME.match(v.body(i))][-INNERMOST_FRAMES:]
-    for i in reversed(files):
-        body = v.body(i)
-        for cls, pat, _src in RAISED_IN:
-            if pat.search(body):
-                return cls, i
-    return None
+#: A call on a frame's source line (``cuda_graph_memory_bytes = self.model_runner.capture_model()``).
+_CALL = re.compile(r"([A-Za-z_]\w*)\s*\(")
+#: vLLM's worker wrapper naming the method a worker failed in, just above its traceback
+#: (worker_base.py execute_method: "Error executing method initialize_cache. This might cause
+#: deadlock in distributed execution.", later "Error executing method 'load_model'. ...").
+_EXECUTING = re.compile(r"Error executing method '?(\w+)'?")
+#: Lines above a traceback searched for :data:`_EXECUTING`.
+EXECUTING_LINES = 3
+#: The class of a crash in a startup stage when nothing names its cause: whatever fails while
+#: the graphs are captured fails the capture (SGLang wraps every such exception in its own
+#: "Capture cuda graph failed:" banner, cuda_graph_capture_failed_other's row).
+STAGE_CLASS = {"capture": "cuda_graph_capture_failed_other"}
+#: vLLM v0's KV-cache check (worker/worker.py raise_if_cache_size_invalid: "The model's max seq
+#: len (M) is larger than the maximum number of tokens that can be stored in KV cache (B x S)")
+#: read from the numbers the log prints before it: "# GPU blocks: B", the engine config's
+#: max_seq_len / max_model_len, its block_size (16 when the log does not say).
+_GPU_BLOCKS = re.compile(r"# GPU blocks: (\d+)")
+_MAX_LEN = re.compile(r"\bmax_(?:seq|model)_len=(\d+)")
+_BLOCK_SIZE = re.compile(r"\bblock_size=(\d+)")
+DEFAULT_BLOCK_SIZE = 16
+
+
+def _kv_cache_short(text: str) -> bool:
+    """The log's own numbers show a KV cache that cannot hold one sequence of the model's max
+    length (vLLM v0's check, :data:`_GPU_BLOCKS`)."""
+    blocks, max_len = _GPU_BLOCKS.findall(text), _MAX_LEN.findall(text)
+    if not blocks or not max_len:
+        return False
+    size = _BLOCK_SIZE.findall(text)
+    return int(blocks[-1]) * int(size[-1] if size else DEFAULT_BLOCK_SIZE) < int(max_len[-1])
+
+
+def _call_stage(calls: list[str]) -> str | None:
+    """The startup stage a call names as a frame would (``capture_model`` -> ``capture``), else None."""
+    found = None
+    for c in calls:
+        for name, pat in MILESTONES:
+            if pat.search(f"in {c}"):
+                found = name
+    return found
+
+
+def _read_crash(log: _Log, frames: range, exc: int | None) -> tuple[str | None, int, str | None]:
+    """(class, decisive line, stage) of a crash no family named, read from where it happened,
+    as an engineer reads a stack; the class is None when nothing names it (the stage still says
+    where it happened).
+
+    The frames looked at, innermost first: the call an excerpt cut before its exception line
+    stops in (the calls on the source line under its last ``File`` line, as a frame
+    ``in <call>``), the last :data:`INNERMOST_FRAMES` ``File`` lines, the method vLLM's worker
+    wrapper says failed (:data:`_EXECUTING`). The first one a :data:`RAISED_IN` entry names (in
+    its stages) gives the class; else the stage of the crash may (:data:`STAGE_CLASS`), or, in
+    the KV-cache stage, the log's own KV numbers (:func:`_kv_cache_short`). The stage is the
+    innermost call's when it names one, else the crash line's.
+    """
+    v = log.view
+    files = [i for i in frames if _FILE_FRAME.match(v.body(i))]
+    end = exc if exc is not None else frames[-1]
+    calls: list[str] = []
+    if exc is None and files:
+        src = next((v.body(j) for j in range(files[-1] + 1, frames.stop) if v.body(j).strip().strip("^~ ")), "")
+        calls = _CALL.findall(src)
+    stage = _call_stage(calls) or log.stages[end]
+    line = files[-1] if exc is None and files else end  # a cut excerpt: its innermost File line
+    above = range(max(0, frames.start - EXECUTING_LINES), frames.start + 1)
+    methods = [(f"in {m.group(1)}", j) for j in above if (m := _EXECUTING.search(v.body(j)))]
+    looked = [(f"in {c}", line) for c in calls] + [(v.body(i), i) for i in reversed(files[-INNERMOST_FRAMES:])] + methods
+    for text, i in looked:
+        for e in RAISED_IN:
+            if e.frames.search(text) and (e.stages is None or stage in e.stages):
+                return e.failure_class, i, stage
+    if stage in STAGE_CLASS:
+        return STAGE_CLASS[stage], line, stage
+    if stage == "kv_cache" and _kv_cache_short(log.text):
+        return "kv_cache_pool_too_small", line, stage
+    return None, line, stage
 
 
 def _make(failure_class: str, line: str, fallback_sig: str, phase: str = "") -> Classification:
@@ -494,12 +561,12 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     d = v.decisive()
     crash_tb = _crash_traceback(v, d)
     cut_tb = crash_tb is not None and crash_tb[1] is None  # the log ends inside a traceback
-    if crash_tb is not None:  # no family names the message: the component that raised it may
-        hit = _raised_in(v, crash_tb[0])
-        if hit is not None:
-            cls, i = hit
+    crash_stage = None
+    if crash_tb is not None:  # no family names the message: where it was raised may
+        cls, i, crash_stage = _read_crash(log, *crash_tb)
+        if cls is not None:
             j = crash_tb[1] if crash_tb[1] is not None else i
-            return _make(cls, lines[j], f"<{cls}>", PHASE_NAMES.get(stages[j], ""))
+            return _make(cls, lines[j], f"<{cls}>", PHASE_NAMES.get(crash_stage, ""))
 
     vllm_log = bool(_VLLM_LOG.search(log.text)) and not _SGLANG_LOG.search(log.text)
     # ready: the engine's ready line, requests served, or (vLLM only) its API server up; never
@@ -518,7 +585,7 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     crashed = fatal or cut_tb or (d is not None and v.forms[v.keys[d]].component != "nccl" and (
         v.severity[d] >= ERROR or (ERRORISH.search(v.body(d)) is not None and d >= _tail_start(v))))
     last = next((s for s in reversed(stages) if s), None)
-    where = PHASE_NAMES.get(last, "")
+    where = PHASE_NAMES.get(crash_stage or last, "")
     ready = ready and not waited
     survived = not fatal or _served_after(log, d or 0, past_all=True)
     if phase is None and (ready or captured and not waited) and exit_code in (None, 0) and not cut_tb and survived:

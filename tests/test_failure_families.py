@@ -372,6 +372,10 @@ def test_a_bad_raised_in_entry_is_named_in_the_error(tmp_path):
     p.write_text(yaml.safe_dump(data))
     with pytest.raises(SignatureTableError, match=r"raised_in\[1\] \(no_such_class\): class is not in kinds"):
         load_tables(p)
+    data["raised_in"][1] = {"class": "unknown", "frames": "x", "source": "y", "stages": ["no_such_stage"]}
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(SignatureTableError, match=r"raised_in\[1\] \(unknown\)\.stages: expected milestone names"):
+        load_tables(p)
 
 
 def test_a_pydantic_value_error_is_the_message_of_its_validation_error():
@@ -516,3 +520,72 @@ def test_families_of_the_test5_round(log, expected, phase):
 def test_the_test5_families_keep_their_guards(log):
     c = classify(log)
     assert c.kind != "infra" and c.failure_class not in ("nccl_init_system_error", "node_lost", "health_check_failed"), c
+
+
+# ------------------------------------------------------------------ an excerpt cut inside its traceback
+def _cut(*frames: str, head: str = "") -> str:
+    """A traceback cut before its exception line, as a thread quotes it (no exception line)."""
+    return head + TB + "".join(frames)
+
+
+@pytest.mark.parametrize("log, expected, phase", [
+    # vLLM v1 gpu_worker.py compile_or_warm_up_model calling gpu_model_runner.py capture_model: the
+    # excerpt stops at the call, so the capture is where it failed (cause cut off)
+    (_cut(_frame("vllm/v1/executor/multiproc_executor.py", "worker_busy_loop", "    output = func(*args, **kwargs)"),
+          _frame("vllm/v1/worker/gpu_worker.py", "compile_or_warm_up_model",
+                 "    cuda_graph_memory_bytes = self.model_runner.capture_model()")),
+     "cuda_graph_capture_failed_other", "graph capture"),
+    # SGLang cuda_graph_runner.py capture_one_batch_size, the stack then deep in the model's forward
+    (_cut(_frame("sglang/srt/model_executor/cuda_graph_runner.py", "capture_one_batch_size", "    out = run_once()"),
+          _frame("sglang/srt/model_executor/cuda_graph_runner.py", "run_once", "    logits = forward(ids, pos, fb)"),
+          _frame("torch/nn/modules/module.py", "_call_impl", "    return forward_call(*args, **kwargs)"),
+          _frame("sglang/srt/models/llama.py", "forward", "    hidden_states = self.model(")),
+     "cuda_graph_capture_failed_other", "graph capture"),
+    # a stream synchronize raising (torch/cuda/streams.py): an asynchronous kernel fault
+    (_cut(_frame("sglang/srt/managers/tp_worker_overlap_thread.py", "resolve_last_batch_result",
+                 "    copy_done.synchronize()"),
+          _frame("torch/cuda/streams.py", "synchronize", "    super().synchronize()")),
+     "cuda_illegal_memory_access", "start"),
+    # SGLang model_runner.py load_model calling the architecture resolver (models/registry.py)
+    (_cut(_frame("sglang/srt/managers/router/model_runner.py", "load_model",
+                 "    model_class = get_model_cls_by_arch_name(architectures)")),
+     "model_load_error", "weights"),
+    # vLLM v0 worker_base.py execute_method naming initialize_cache, right after the KV sizing
+    (_cut(_frame("vllm/worker/worker_base.py", "execute_method", "    return executor(*args, **kwargs)"),
+          head="INFO 06-28 06:11:45 distributed_gpu_executor.py:45] # GPU blocks: 378, # CPU blocks: 1638\n"
+               "ERROR 06-28 06:11:45 worker_base.py:145] Error executing method initialize_cache. "
+               "This might cause deadlock in distributed execution.\n"),
+     "kv_cache_pool_too_small", "KV cache"),
+    # vLLM v0: 229 blocks x 16 tokens < the engine config's max_seq_len=4096 (worker.py
+    # raise_if_cache_size_invalid's check, read from the numbers the log printed before it)
+    (_cut(_frame("vllm/entrypoints/llm.py", "__init__", "    self.llm_engine = LLMEngine.from_engine_args(engine_args)"),
+          head="INFO 01-11 15:51:02 llm_engine.py:70] Initializing an LLM engine with config: model='m', "
+               "dtype=torch.float16, max_seq_len=4096, tensor_parallel_size=1\n"
+               "INFO 01-11 15:51:18 llm_engine.py:275] # GPU blocks: 229, # CPU blocks: 512\n"),
+     "kv_cache_pool_too_small", "KV cache"),
+])
+def test_a_cut_traceback_is_read_where_it_stopped(log, expected, phase):
+    c = classify(log)
+    assert (c.failure_class, c.kind, c.phase or "start") == (expected, KIND[expected], phase), c
+
+
+@pytest.mark.parametrize("log, phase", [
+    # the same initialize_cache failure after vLLM v0 began capturing: the capture, not the KV check
+    (_cut(_frame("vllm/worker/worker_base.py", "execute_method", "    return executor(*args, **kwargs)"),
+          head="INFO 01-01 00:00:00 llm_engine.py:1] # GPU blocks: 378, # CPU blocks: 1638\n"
+               "INFO 01-01 00:00:01 model_runner.py:1] Capturing the model for CUDA graphs.\n"
+               "ERROR 01-01 00:00:09 worker_base.py:145] Error executing method initialize_cache.\n"), "graph capture"),
+    # blocks enough for max_seq_len (2290 x 16 >= 4096): the numbers are no evidence
+    (_cut(_frame("vllm/entrypoints/llm.py", "__init__", "    self.llm_engine = LLMEngine.from_engine_args(engine_args)"),
+          head="INFO 01-11 15:51:02 llm_engine.py:70] Initializing an LLM engine with config: max_seq_len=4096\n"
+               "INFO 01-11 15:51:18 llm_engine.py:275] # GPU blocks: 2290, # CPU blocks: 512\n"), "KV cache"),
+    # SGLang's scheduler loop cut in a batch's forward: no evidence of the cause, an honest unknown
+    (_cut(_frame("sglang/srt/managers/scheduler.py", "run_batch",
+                 "    batch_result = self.model_worker.forward_batch_generation(")), "start"),
+])
+def test_a_cut_traceback_without_evidence_of_its_cause_is_not_given_one(log, phase):
+    c = classify(log)
+    expected = "cuda_graph_capture_failed_other" if phase == "graph capture" else "unknown"
+    assert (c.failure_class, c.phase or "start") == (expected, phase), c
+    if expected == "unknown":
+        assert c.signature == classify(log.replace("line 42", "line 77")).signature  # stable: numbers masked
