@@ -206,7 +206,8 @@ POLLING_LINES = 2
 PHASE_NAMES = {None: "start", "dist_init": "distributed init", "dist_ready": "distributed init done",
                "load": "weights", "loaded": "weights loaded", "compile": "torch.compile",
                "kv_cache": "KV cache", "capture": "graph capture", "captured": "graph capture done",
-               "api_up": "API server up", "ready": "ready", "first_request": "first request"}
+               "api_up": "API server up", "ready": "ready", "serving": "serving a batch",
+               "first_request": "first request"}
 
 
 class _Log:

@@ -579,9 +579,10 @@ def test_a_cut_traceback_is_read_where_it_stopped(log, expected, phase):
     (_cut(_frame("vllm/entrypoints/llm.py", "__init__", "    self.llm_engine = LLMEngine.from_engine_args(engine_args)"),
           head="INFO 01-11 15:51:02 llm_engine.py:70] Initializing an LLM engine with config: max_seq_len=4096\n"
                "INFO 01-11 15:51:18 llm_engine.py:275] # GPU blocks: 2290, # CPU blocks: 512\n"), "KV cache"),
-    # SGLang's scheduler loop cut in a batch's forward: no evidence of the cause, an honest unknown
+    # SGLang's scheduler loop cut in a batch's forward: no evidence of the cause, an honest unknown,
+    # its phase read from the frame (scheduler.py run_batch)
     (_cut(_frame("sglang/srt/managers/scheduler.py", "run_batch",
-                 "    batch_result = self.model_worker.forward_batch_generation(")), "start"),
+                 "    batch_result = self.model_worker.forward_batch_generation(")), "serving a batch"),
 ])
 def test_a_cut_traceback_without_evidence_of_its_cause_is_not_given_one(log, phase):
     c = classify(log)
