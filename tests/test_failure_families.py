@@ -590,3 +590,11 @@ def test_a_cut_traceback_without_evidence_of_its_cause_is_not_given_one(log, pha
     assert (c.failure_class, c.phase or "start") == (expected, phase), c
     if expected == "unknown":
         assert c.signature == classify(log.replace("line 42", "line 77")).signature  # stable: numbers masked
+
+
+def test_the_driver_apis_name_of_an_illegal_address_is_one():
+    # the CUDA driver API's CUresult name (cuda.h CUDA_ERROR_ILLEGAL_ADDRESS = 700) without its text,
+    # as numba's driver wrapper words it (numba/cuda/cudadrv/driver.py "Call to %s results in %s")
+    c = classify("numba.cuda.cudadrv.driver.CudaAPIError: [700] Call to cuCtxSynchronize results in "
+                 "CUDA_ERROR_ILLEGAL_ADDRESS\n")
+    assert (c.failure_class, c.kind) == ("cuda_illegal_memory_access", "transient"), c
