@@ -50,7 +50,7 @@ def test_dev_part_covers_both_engines_and_healthy_and_unknown():
 def test_every_corpus_entry_loads_and_ids_are_unique():
     entries = load_corpus()
     assert len({e.id for e in entries}) == len(entries)
-    assert {e.part for e in entries} == {"dev", "test", "test2", "test3", "test4", "test5"}
+    assert {e.part for e in entries} == {"dev", "test", "test2", "test3", "test4", "test5", "test6"}
 
 
 ENTRY = {"id": "vllm-1", "source": "vllm-project/vllm#1", "url": "https://github.com/vllm-project/vllm/issues/1",

@@ -1,11 +1,11 @@
 """The public failure corpus: real server-log excerpts from public issue threads, each labelled
 with the class and kind the thread's diagnosis gives (``dev/``, ``test/``, ``test2/``, ``test3/``,
-``test4/`` and ``test5/``, one YAML per log).
+``test4/``, ``test5/`` and ``test6/``, one YAML per log).
 
 The entry format and the labelling rules are in ``tasks/failure_corpus/README.md``. The
 ``dev`` part is what the classifier's signatures are written against; the ``test``, ``test2``,
-``test3``, ``test4`` and ``test5`` parts are only scored (``benchmarks/failure_corpus.py``), never
-read while writing signatures (``test2`` to ``test5`` are later held-out parts, labelled and
+``test3``, ``test4``, ``test5`` and ``test6`` parts are only scored (``benchmarks/failure_corpus.py``),
+never read while writing signatures (``test2`` to ``test6`` are later held-out parts, labelled and
 committed before any classifier ran on them; ``test`` has been read once, see the README).
 
 :func:`load_corpus` reads and validates every entry (:class:`CorpusEntry`): the class must be a
@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CORPUS_DIR = Path(__file__).resolve().parent
-PARTS = ("dev", "test", "test2", "test3", "test4", "test5")
+PARTS = ("dev", "test", "test2", "test3", "test4", "test5", "test6")
 #: The verdict for a log of a server that came up and served (``tasks.failures.HEALTHY``).
 HEALTHY = "healthy"
 Engine = Literal["sglang", "vllm", "other"]
@@ -74,7 +74,7 @@ class CorpusEntry(BaseModel):
     expected_kind: str
     why: str = Field(min_length=3)
     log: str = Field(min_length=1)
-    part: Literal["dev", "test", "test2", "test3", "test4", "test5"]
+    part: Literal["dev", "test", "test2", "test3", "test4", "test5", "test6"]
 
     @field_validator("version", "gpu", mode="before")
     @classmethod
@@ -131,7 +131,8 @@ def load_corpus(parts: Iterable[str] = PARTS, root: str | Path = CORPUS_DIR,
     """Every entry of the given parts, sorted by part then id.
 
     Args:
-        parts: any of :data:`PARTS` (``dev``, ``test``, ``test2``, ``test3``, ``test4``, ``test5``).
+        parts: any of :data:`PARTS` (``dev``, ``test``, ``test2``, ``test3``, ``test4``, ``test5``,
+            ``test6``).
         root: the corpus directory.
         errors: when given, a bad entry is skipped and its message appended here instead of
             raising (the benchmark scores what validates and says what did not).
