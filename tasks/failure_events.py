@@ -5,8 +5,8 @@ anchored patterns: a container's ``vllm-1  | ``, vLLM's process tag ``(EngineCor
 / ``(VllmWorker TP0 pid=9)`` and its level-time-file header ``ERROR 06-05 06:18:13
 [core.py:470]``, SGLang's ``[2026-01-01 10:00:01 TP3]``, torchrun's ``[rank0]:``, glog's
 ``[W1015 22:50:12.358 ProcessGroupNCCL.cpp:1234]``, NCCL's ``host:pid:tid [dev]``, journald's
-``Aug 17 18:42:18 host vllm[8052]:``, Kubernetes' CRI ``<timestamp> stdout F`` and a reply's
-quote marker ``> ``.
+``Aug 17 18:42:18 host vllm[8052]:``, Kubernetes' CRI ``<timestamp> stdout F``, DJL Serving's
+``WARN  PyProcess W-1-model-stderr:`` and a reply's quote marker ``> ``.
 :func:`parse_log` strips them (in any nesting) into :attr:`Event.body`, keeps the level and
 the process they name, and ranks each line:
 
@@ -59,8 +59,11 @@ _QUOTE = re.compile(r"^\s*>+(?:\s|$)")
 _SYSLOG = re.compile(r"^\s*[A-Z][a-z]{2}\s+\d{1,2}\s+\d{2}:\d{2}:\d{2}\s+[\w.-]+\s+[\w./@-]+(?:\[\d+\])?:\s?")
 #: Kubernetes' CRI log format after its timestamp: ``stdout F `` / ``stderr P `` (kubectl logs of a node's files)
 _CRI = re.compile(r"^\s*(?:stdout|stderr)\s+[FP]\s")
+#: DJL Serving's (the LMI / SageMaker large-model containers') relay of its Python engine's streams:
+#: ``WARN  PyProcess W-252-model-stderr: `` (its level is the stream's, stderr -> WARN, not the line's)
+_DJL = re.compile(r"^\s*(?:INFO|WARN|ERROR|DEBUG)\s+PyProcess\s+W-[\w.-]+-std(?:out|err):\s?")
 _PYLOG = re.compile(r"^\s*(?P<lvl>INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+(?:[\w.]+:)?\s*")
-_PREFIXES = (_QUOTE, _PIPE, _PROC, _VLLM_HDR, _VLLM_SHORT, _DASHLOG, _SGLANG, _RANK, _GLOG, _NCCL, _ISO, _SYSLOG, _CRI, _PYLOG)
+_PREFIXES = (_QUOTE, _PIPE, _PROC, _DJL, _VLLM_HDR, _VLLM_SHORT, _DASHLOG, _SGLANG, _RANK, _GLOG, _NCCL, _ISO, _SYSLOG, _CRI, _PYLOG)
 _LEVEL = {"I": INFO, "W": WARN, "E": ERROR, "F": FATAL, "INFO": INFO, "DEBUG": INFO, "WARNING": WARN,
           "WARN": WARN, "ERROR": ERROR, "CRITICAL": FATAL}
 

@@ -322,8 +322,37 @@ def _tail_start(v: LogView) -> int:
     return i
 
 
+#: An access-log line of a request the server answered (not with a 5xx): served, even when refused.
+_ANSWERED = re.compile(r'"(?:GET|POST|PUT|PATCH|DELETE) /\S* HTTP/\d(?:\.\d)?" [1-4]\d\d\b')
+
+
+def _ended_in_error(log: _Log) -> int | None:
+    """The line a log alone ended on an error with: the last of its last :data:`TAIL_ERROR_LINES`
+    non-empty lines that says something failed (an error word, not a warning, not NCCL's own
+    lines: NCCL warns beside a hang) with no request served after it; None when there is none.
+
+    An engineer reading a posted log that stops on a request's or a transfer's failure (``Decode
+    transfer failed for request ... KVTransferError``) reads how it ended, however healthy the
+    server was before: the reporter posted it for that line."""
+    v = log.view
+    for i in range(len(v.lines) - 1, _tail_start(v) - 1, -1):
+        if v.severity[i] == WARN or not v.quotable(i) or v.forms[v.keys[i]].component == "nccl":
+            continue
+        if ERRORISH.search(v.body(i)):
+            answered = any(_ANSWERED.search(v.body(j)) for j in range(i + 1, len(v.lines)))
+            return None if answered or _served_after(log, i, past_all=False) else i
+    return None
+
+
 #: A call on a frame's source line (``cuda_graph_memory_bytes = self.model_runner.capture_model()``).
 _CALL = re.compile(r"([A-Za-z_]\w*)\s*\(")
+#: Frames of pass-through wrappers (torch's ``@torch.inference_mode()`` / ``no_grad`` decorator,
+#: ``nn.Module.__call__``, vLLM's tracing wrapper): an excerpt cut in one is inside the call on the
+#: source line above it (``self.model_runner.capture_model(...)`` then ``_contextlib.py ... in
+#: decorate_context``: it stopped in ``capture_model``).
+_WRAPPER_FRAME = re.compile(r'torch/utils/_contextlib\.py", line \d+, in decorate_context\b'
+                            r'|torch/nn/modules/module\.py", line \d+, in _(?:wrapped_)?call_impl\b'
+                            r'|vllm/tracing/\w+\.py", line \d+, in \w*wrapper\b')
 #: vLLM's worker wrapper naming the method a worker failed in, just above its traceback
 #: (worker_base.py execute_method: "Error executing method initialize_cache. This might cause
 #: deadlock in distributed execution.", later "Error executing method 'load_model'. ...").
@@ -382,7 +411,12 @@ def _read_crash(log: _Log, frames: range, exc: int | None) -> tuple[str | None, 
     end = exc if exc is not None else frames[-1]
     calls: list[str] = []
     if exc is None and files:
-        src = next((v.body(j) for j in range(files[-1] + 1, frames.stop) if v.body(j).strip().strip("^~ ")), "")
+        # the innermost frame that is not a pass-through wrapper: its source line is the call running
+        k = len(files) - 1
+        while k > 0 and _WRAPPER_FRAME.search(v.body(files[k])):
+            k -= 1
+        stop = files[k + 1] if k + 1 < len(files) else frames.stop
+        src = next((v.body(j) for j in range(files[k] + 1, stop) if v.body(j).strip().strip("^~ ")), "")
         calls = _CALL.findall(src)
     stage = _call_stage(calls) or log.stages[end]
     line = files[-1] if exc is None and files else end  # a cut excerpt: its innermost File line
@@ -589,7 +623,12 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     where = PHASE_NAMES.get(crash_stage or last, "")
     ready = ready and not waited
     survived = not fatal or _served_after(log, d or 0, past_all=True)
-    if phase is None and (ready or captured and not waited) and exit_code in (None, 0) and not cut_tb and survived:
+    ended = _ended_in_error(log) if phase is None and exit_code in (None, 0) and not fatal else None
+    if ended is not None and (d is None or v.severity[d] < ERROR):
+        # a log that ends on an error line says how it ended: quote it, however quiet its level
+        d, decisive, crashed = ended, lines[ended], True
+    if phase is None and (ready or captured and not waited) and exit_code in (None, 0) and not cut_tb and survived \
+            and ended is None:
         # reached ready, and nothing failed or the server served past what did
         line = next((ln for ln, st in zip(lines, stages) if st in ("ready", "first_request")), "") or \
             next((ln for ln, st in zip(lines, stages) if st == "api_up"), "") or \
