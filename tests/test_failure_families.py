@@ -19,6 +19,12 @@ from tasks.failures import KIND, classify
 TB = "Traceback (most recent call last):\n"
 
 
+def _assert_reads(log: str, expected: str, phase: str) -> None:
+    """The log alone is classified ``expected`` (with its kind) in the startup ``phase`` ("start": none)."""
+    c = classify(log)
+    assert (c.failure_class, c.kind, c.phase or "start") == (expected, KIND[expected], phase), c
+
+
 def _frame(path: str, fn: str, src: str = "    x = f()") -> str:
     return f'  File "/usr/lib/python3.12/site-packages/{path}", line 42, in {fn}\n{src}\n'
 
@@ -499,8 +505,7 @@ def test_a_notebooks_traceback_reads_where_it_was_raised():
      "health_check_failed", "API server up"),
 ])
 def test_families_of_the_test5_round(log, expected, phase):
-    c = classify(log)
-    assert (c.failure_class, c.kind, c.phase or "start") == (expected, KIND[expected], phase), c
+    _assert_reads(log, expected, phase)
 
 
 @pytest.mark.parametrize("log", [
@@ -565,8 +570,7 @@ def _cut(*frames: str, head: str = "") -> str:
      "kv_cache_pool_too_small", "KV cache"),
 ])
 def test_a_cut_traceback_is_read_where_it_stopped(log, expected, phase):
-    c = classify(log)
-    assert (c.failure_class, c.kind, c.phase or "start") == (expected, KIND[expected], phase), c
+    _assert_reads(log, expected, phase)
 
 
 @pytest.mark.parametrize("log, phase", [
@@ -598,3 +602,107 @@ def test_the_driver_apis_name_of_an_illegal_address_is_one():
     c = classify("numba.cuda.cudadrv.driver.CudaAPIError: [700] Call to cuCtxSynchronize results in "
                  "CUDA_ERROR_ILLEGAL_ADDRESS\n")
     assert (c.failure_class, c.kind) == ("cuda_illegal_memory_access", "transient"), c
+
+
+# ------------------------------------------------------------------ test6 round: wordings of other versions and vendors
+@pytest.mark.parametrize("log, expected, phase", [
+    # ROCm: torch's HIP build without the GPU's gfx target (pytorch#147626, #132570: wheels without
+    # gfx1010 / gfx1102); torch's HIP wording of CUDA's cudaErrorInvalidDeviceFunction
+    ("RuntimeError: HIP error: invalid device function\nHIP kernel errors might be asynchronously reported at "
+     "some other API call, so the stacktrace below might be incorrect.\n", "arch_not_in_build", "start"),
+    ("RuntimeError: CUDA error: invalid device function\n", "arch_not_in_build", "start"),
+    # the HIP runtime's own lines (ROCm docs, troubleshooting: "hipErrorNoBinaryForGPU: Unable to find
+    # code object for all current devices!"; hip_fatbin.cpp "Missing CO for these ISAs")
+    ("hipErrorNoBinaryForGPU: Unable to find code object for all current devices!\n", "arch_not_in_build", "start"),
+    (":1:hip_fatbin.cpp           :117 : 1234 us: [pid:1 tid:0x7f] Missing CO for these ISAs - \n"
+     ":1:hip_fatbin.cpp           :120 : 1235 us: [pid:1 tid:0x7f]      amdgcn-amd-amdhsa--gfx1031\n",
+     "arch_not_in_build", "start"),
+    # rocBLAS's Tensile kernels missing for the gfx target (brknsoul/ROCmLibs#4, ROCm/rocBLAS#1339)
+    ("rocBLAS error: Cannot read /opt/rocm/lib/rocblas/library/TensileLibrary.dat: No such file or directory "
+     "for GPU arch : gfx1103\n", "arch_not_in_build", "start"),
+    # torch < 1.13's _check_capability ("Found GPU0 ... which is of cuda capability 3.0. PyTorch no
+    # longer supports this GPU because it is too old.")
+    ("Found GPU0 Tesla K10 which is of cuda capability 3.0.\n    PyTorch no longer supports this GPU because it "
+     "is too old.\n    The minimum cuda capability supported by this library is 3.7.\n", "arch_not_in_build", "start"),
+    # vLLM 0.8+ v1/core/kv_cache_utils.py check_enough_kv_cache_memory, its line wrapped by the terminal
+    ("(EngineCore_DP0 pid=1) ERROR 10-08 20:33:48 [core.py:708] ValueError: To serve at least one request with "
+     "the models's max seq len (40960), (5.62 GiB KV cach\n", "kv_cache_pool_too_small", "start"),
+    # TGI's sharded layers (flash_*_modeling.py "`num_heads` must be divisible by `num_shards` (got ...)")
+    ("ValueError: `num_heads` must be divisible by `num_shards` (got `num_heads`: 40 and `num_shards`: 3\n",
+     "server_args_incompatible", "start"),
+    # vLLM's dtype check (worker.py _check_if_gpu_supports_dtype; platforms check_if_supports_dtype)
+    ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU "
+     "has compute capability 7.5. You can use float16 instead by explicitly setting the`dtype` flag in CLI, for "
+     "example: --dtype=half.\n", "server_args_incompatible", "start"),
+    (_cut(_frame("vllm/worker/worker.py", "init_model", "    _check_if_gpu_supports_dtype(self.model_config.dtype)"),
+          _frame("vllm/worker/worker.py", "_check_if_gpu_supports_dtype")), "server_args_incompatible", "start"),
+    # Ray compiled graphs under vLLM's Ray executor (ray/exceptions.py RayChannelTimeoutError; ray#59249)
+    ("(EngineCore_DP0 pid=579) ERROR 12-05 22:43:45 [core.py:845] ray.exceptions.RayChannelTimeoutError: System "
+     "error: Timed out waiting for object available to read. ObjectID: 007e768e7da845eb\n",
+     "engine_hang_detected", "start"),
+    # NCCL socket.cc with EPIPE, and proxy.cc's transport Connect failing (nccl 2.12-2.27 wordings)
+    ("n1:9:9 [0] misc/socket.cc:538 NCCL WARN Net : Call to recv from 10.0.0.3<41234> failed : Broken pipe\n",
+     "nccl_network_error", "start"),
+    ("n1:9:20 [0] proxy.cc:1119 NCCL WARN [Proxy Service 3] Failed to execute operation Connect from rank 3, "
+     "retcode 6\nn1:9:9 [0] proxy.cc:862 NCCL WARN Proxy Call to rank 3 failed (Connect)\n",
+     "nccl_network_error", "start"),
+])
+def test_families_of_the_test6_round(log, expected, phase):
+    _assert_reads(log, expected, phase)
+
+
+@pytest.mark.parametrize("log, not_class", [
+    # torch's watchdog wraps what it caught (ProcessGroupNCCL.cpp "NCCL watchdog thread terminated with
+    # exception: %s"): a CUDA error it raised is no collective timeout
+    ("[E ProcessGroupNCCL.cpp:916] [Rank 3] NCCL watchdog thread terminated with exception: CUDA error: unknown "
+     "error\n", "collective_hang_or_timeout"),
+    # the proxy's Connect failing after a rank of the log crashed: the crash, not the network
+    ("Segmentation fault (core dumped)\nn1:9:20 [0] proxy.cc:1119 NCCL WARN [Proxy Service 3] Failed to execute "
+     "operation Connect from rank 3, retcode 6\n", "nccl_network_error"),
+])
+def test_the_test6_families_keep_their_guards(log, not_class):
+    c = classify(log)
+    assert c.failure_class != not_class and c.kind != "infra", c
+
+
+def test_the_watchdogs_collective_timeout_is_still_a_hang():
+    # ProcessGroupNCCL.cpp: the watchdog's own timeout, wrapped the same way
+    c = classify("[rank1]:[E ProcessGroupNCCL.cpp:1414] [PG 1 Rank 1] Process group watchdog thread terminated with "
+                 "exception: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=GATHER) "
+                 "ran for 600027 milliseconds before timing out.\n")
+    assert c.failure_class == "collective_hang_or_timeout", c
+
+
+@pytest.mark.parametrize("log, expected, phase", [
+    # DJL Serving's relay of the engine's stderr (the LMI containers): its prefix hides the frames; cut
+    # in torch's inference_mode wrapper (_contextlib.py decorate_context) around vLLM v0's capture_model
+    ("WARN  PyProcess W-1-model-stderr:   File \"/usr/lib/python3.10/site-packages/vllm/worker/worker.py\", line 125, "
+     "in warm_up_model\nWARN  PyProcess W-1-model-stderr:     self.model_runner.capture_model(self.gpu_cache)\n"
+     "WARN  PyProcess W-1-model-stderr:   File \"/usr/lib/python3.10/site-packages/torch/utils/_contextlib.py\", "
+     "line 115, in decorate_context\n", "cuda_graph_capture_failed_other", "graph capture"),
+    # both engines' loaders build the model class from its config in _initialize_model before reading
+    # any weight (sglang srt/model_loader/loader.py, vllm model_loader/loader.py)
+    (_cut(_frame("sglang/srt/model_executor/model_runner.py", "load_model", "    self.model = get_model("),
+          _frame("sglang/srt/model_loader/loader.py", "load_model", "    model = _initialize_model(")),
+     "model_load_error", "weights"),
+])
+def test_a_cut_traceback_reads_through_wrappers_and_the_model_constructor(log, expected, phase):
+    _assert_reads(log, expected, phase)
+
+
+def test_a_log_that_ends_on_an_error_after_ready_is_not_healthy():
+    # sglang disaggregation/decode.py: the decode side of a PD deployment failing a request's KV transfer
+    # ("Decode transfer failed for request rank=... with exception KVTransferError(...)") after ready
+    log = ("[2026-01-01 10:00:00] The server is fired up and ready to roll!\n"
+           '[2026-01-01 10:00:04] INFO:     127.0.0.1:32770 - "GET /health HTTP/1.1" 200 OK\n'
+           "[2026-01-01 10:01:09 TP0] Decode transfer failed for request rank=0 decode_req.req.rid='7f' "
+           "with exception KVTransferError(bootstrap_room=1): Failed to get kvcache from prefill instance\n")
+    c = classify(log)
+    assert not c.healthy and c.failure_class == "unknown" and "Decode transfer failed" in c.line, c
+    # a request the server answered (4xx) after its error line: served, still healthy (vllm
+    # entrypoints serving_chat.py "Error with model ... does not exist" then the 404 it answers)
+    ok = ("INFO:     Application startup complete.\n"
+          "ERROR 03-18 09:02:03 [serving_chat.py:133] Error with model object='error' message='The model `m` does "
+          "not exist.' type='NotFoundError' param=None code=404\n"
+          'INFO:     10.0.0.1:12475 - "POST /v1/chat/completions HTTP/1.1" 404 Not Found\n')
+    assert classify(ok).healthy
