@@ -63,7 +63,8 @@ _CRI = re.compile(r"^\s*(?:stdout|stderr)\s+[FP]\s")
 #: ``WARN  PyProcess W-252-model-stderr: `` (its level is the stream's, stderr -> WARN, not the line's)
 _DJL = re.compile(r"^\s*(?:INFO|WARN|ERROR|DEBUG)\s+PyProcess\s+W-[\w.-]+-std(?:out|err):\s?")
 _PYLOG = re.compile(r"^\s*(?P<lvl>INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+(?:[\w.]+:)?\s*")
-_PREFIXES = (_QUOTE, _PIPE, _PROC, _DJL, _VLLM_HDR, _VLLM_SHORT, _DASHLOG, _SGLANG, _RANK, _GLOG, _NCCL, _ISO, _SYSLOG, _CRI, _PYLOG)
+_PREFIXES = (_QUOTE, _PIPE, _PROC, _DJL, _VLLM_HDR, _VLLM_SHORT, _DASHLOG, _SGLANG, _RANK, _GLOG, _NCCL, _ISO, _SYSLOG,
+             _CRI, _PYLOG)
 _LEVEL = {"I": INFO, "W": WARN, "E": ERROR, "F": FATAL, "INFO": INFO, "DEBUG": INFO, "WARNING": WARN,
           "WARN": WARN, "ERROR": ERROR, "CRITICAL": FATAL}
 

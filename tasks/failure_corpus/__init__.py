@@ -29,8 +29,9 @@ CORPUS_DIR = Path(__file__).resolve().parent
 #: The parts, ``dev`` then ``test``, ``test2``, ... in their order: every ``dev`` / ``test<N>``
 #: directory of the corpus, so a new held-out part is picked up by the loader, the benchmark's
 #: ``--parts`` and the tool's ``--corpus-parts`` without another list to edit.
-PARTS: tuple[str, ...] = tuple(sorted((d.name for d in CORPUS_DIR.iterdir() if d.is_dir() and re.fullmatch(r"dev|test\d*", d.name)),
-                                      key=lambda n: -1 if n == "dev" else int(n[4:] or 1)))
+PARTS: tuple[str, ...] = tuple(sorted(
+    (d.name for d in CORPUS_DIR.iterdir() if d.is_dir() and re.fullmatch(r"dev|test\d*", d.name)),
+    key=lambda n: -1 if n == "dev" else int(n[4:] or 1)))
 #: The verdict for a log of a server that came up and served (``tasks.failures.HEALTHY``).
 HEALTHY = "healthy"
 Engine = Literal["sglang", "vllm", "other"]
