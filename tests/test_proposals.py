@@ -86,31 +86,65 @@ def test_draw_takes_the_untried_config_nearest_the_proposal():
     assert got is not None and distance(got, proposal) == 2
 
 
+def _recs(rows):
+    return [records.TrialRecord(n, "COMPLETE", params, "ok", {"decode_tok_s": v}) for n, (params, v) in enumerate(rows)]
+
+
+def _picks(space, recs, near, model, seeds=range(8)):
+    taken = {records.config_key(r.params) for r in recs}
+    return {records.config_key(d) for s in seeds
+            if (d := UntriedDraw(space, seed=s).draw(taken, lambda c: True, near=near, model=model)) is not None}
+
+
 def test_equally_near_the_draw_adds_the_level_that_won_elsewhere_first():
     """The far landscape's move: the incumbent won with a=2 (b=1), another trial showed b=3 is
     the best b; among the incumbent's untried neighbours the one adding b=3 comes first on every
     seed, where the seeded order alone picks other neighbours too."""
     from sweeps.config.objective import ObjectiveSet
-    from sweeps.search.untried import level_scores
+    from sweeps.search.untried import level_model
 
     space = parse_space({"a": {"type": "categorical", "choices": [1, 2, 3]},
                          "b": {"type": "categorical", "choices": [1, 2, 3]}}, [])
     objs = ObjectiveSet.from_config("decode_tok_s", "maximize")
-
-    def rec(n, a, b, v):
-        return records.TrialRecord(n, "COMPLETE", {"a": a, "b": b}, "ok", {"decode_tok_s": v})
-    recs = [rec(0, 1, 1, 80.0), rec(1, 2, 1, 100.0), rec(2, 1, 3, 95.0), rec(3, 1, 2, 70.0)]
-    scores = level_scores(recs, objs)
-    assert scores[0][("b", "3")] == 95.0 and scores[0][("a", "2")] == 100.0 and scores[1] == 87.5
+    recs = _recs([({"a": 1, "b": 1}, 80.0), ({"a": 2, "b": 1}, 100.0), ({"a": 1, "b": 3}, 95.0), ({"a": 1, "b": 2}, 70.0)])
+    model = level_model(recs, objs)
+    assert model.effect("b", 3) > 0 > model.effect("b", 2) and model.effect("a", 2) > 0
+    assert model.counts[("b", "3")] == 1 and model.effect("a", 3) == 0.0
     incumbent = {"a": 2, "b": 1}
-    taken = {records.config_key(r.params) for r in recs}
-    picks = {records.config_key(d) for s in range(8)
-             if (d := UntriedDraw(space, seed=s).draw(taken, lambda c: True, near=incumbent, scores=scores)) is not None}
-    assert picks == {records.config_key({"a": 2, "b": 3})}
-    # without scores the same seeds pick other neighbours too (the test can tell the difference)
-    plain = {records.config_key(d) for s in range(8)
-             if (d := UntriedDraw(space, seed=s).draw(taken, lambda c: True, near=incumbent, scores=({}, 0.0))) is not None}
-    assert len(plain) > 1
+    assert _picks(space, recs, incumbent, model) == {records.config_key({"a": 2, "b": 3})}
+    # without a model the same seeds pick other neighbours too (the test can tell the difference)
+    assert len(_picks(space, recs, incumbent, None)) > 1
+
+
+def test_the_draw_changes_a_barely_tried_knob_before_one_that_made_no_difference():
+    """p and q were each run at both levels around the incumbent and changed nothing; a decided
+    the value and its level 3 was never run. The incumbent's untried neighbours are p=2, q=2 (each
+    run twice, no effect) and a=2 (run twice, worse) or a=3 (never run): a=3 comes first on every
+    seed, where the best value seen with a level would rank the p and q swaps first (gain 0)."""
+    from sweeps.config.objective import ObjectiveSet
+    from sweeps.search.untried import level_model
+
+    space = parse_space({"a": {"type": "categorical", "choices": [1, 2, 3]},
+                         "p": {"type": "categorical", "choices": [1, 2]}, "q": {"type": "categorical", "choices": [1, 2]}}, [])
+    objs = ObjectiveSet.from_config("decode_tok_s", "maximize")
+    recs = _recs([({"a": 1, "p": 1, "q": 1}, 100.0), ({"a": 1, "p": 2, "q": 2}, 100.0),
+                  ({"a": 2, "p": 1, "q": 2}, 90.0), ({"a": 2, "p": 2, "q": 1}, 90.0)])
+    model = level_model(recs, objs)
+    assert abs(model.effect("p", 2)) < 1e-9 and abs(model.effect("q", 2)) < 1e-9 and model.effect("a", 2) < 0
+    incumbent = {"a": 1, "p": 1, "q": 1}
+    assert _picks(space, recs, incumbent, model) == {records.config_key({"a": 3, "p": 1, "q": 1})}
+    assert len(_picks(space, recs, incumbent, None)) > 1
+
+
+def test_the_level_model_of_a_minimised_objective_and_of_no_trial():
+    from sweeps.config.objective import ObjectiveSet
+    from sweeps.search.untried import LevelModel, level_model
+
+    objs = ObjectiveSet.from_config("decode_tok_s", "minimize")
+    model = level_model(_recs([({"a": 1}, 10.0), ({"a": 2}, 20.0)]), objs)
+    assert model.effect("a", 1) > 0 > model.effect("a", 2)  # lower is better: a=1 is worth more
+    assert level_model([], objs) == LevelModel({}, {}, 0.0)
+    assert LevelModel({}, {}, 0.0).gain({"a": 1}, {"a": 2}) == 0.0
 
 
 def test_draw_rejection_samples_a_continuous_space():
