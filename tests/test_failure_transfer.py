@@ -37,6 +37,74 @@ def test_an_unknown_with_no_progress_quotes_its_last_line():
     assert c.line == "# Using devices" and "Using devices" in c.signature, c
 
 
+# ------------------------------------------------------------------ OOM on any device
+@pytest.mark.parametrize("line", [
+    # torch_npu's allocator (gpustack/gpustack#4761, SGLang on Ascend)
+    "RuntimeError: NPU out of memory. Tried to allocate 98.71 GiB (NPU 0; 60.96 GiB total capacity; 25.03 GiB "
+    "already allocated; 25.03 GiB current active; 35.47 GiB free; 25.08 GiB reserved in total by PyTorch)",
+    # torch's hipified allocator on ROCm (Comfy-Org/ComfyUI#9529; pytorch/pytorch#138002)
+    "HIP out of memory. Tried to allocate 432.00 MiB. GPU 0 has a total capacity of 15.92 GiB of which 7.12 GiB "
+    "is free.",
+    # torch's MPS allocator (pharmapsychotic/clip-interrogator-ext#74)
+    "RuntimeError: MPS backend out of memory (MPS allocated: 6.04 GB, other allocations: 1.04 GB, max allowed: "
+    "6.77 GB). Tried to allocate 459.07 MB on private pool.",
+])
+def test_an_out_of_memory_of_any_accelerator_is_an_oom(line):
+    _reads(line + "\n", "cuda_oom_runtime", "start")
+
+
+# ------------------------------------------------------------------ node state at NCCL / CUDA init
+@pytest.mark.parametrize("log", [
+    # nccl-tests on an 8x H100 node without its fabric manager (NVIDIA/nccl-tests#264)
+    "test: Test CUDA failure common.cu:941 'system not yet initialized'\n .. test pid 54340: Test failure common.cu:891\n",
+    # torch's device count on an 8x A100 node without it (dstackai/dstack#2348)
+    "UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Error 802: system not yet "
+    "initialized (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:109.)\n",
+    # NCCL's init trail ending in ncclSystemError with no WARN (NVIDIA/nccl#1099)
+    "nd20-01:191191:219889 [0] NCCL INFO misc/socket.cc:564 -> 2\n"
+    "nd20-01:191191:219889 [0] NCCL INFO bootstrap.cc:270 -> 2\n"
+    "nd20-01:191191:219889 [0] NCCL INFO init.cc:1303 -> 2\n"
+    "nd20-01:191191:191191 [0] NCCL INFO group.cc:106 -> 2\n",
+    # NVLS setup failing a CUDA call, ncclUnhandledCudaError up the init trail (NVIDIA/nccl#1338)
+    "node2:242431:242475 [1] transport/nvls.cc:158 NCCL WARN Cuda failure 1 'invalid argument'\n"
+    "node2:242431:242475 [1] NCCL INFO transport/nvls.cc:330 -> 1\n"
+    "node2:242431:242475 [1] NCCL INFO init.cc:1277 -> 1\n",
+])
+def test_the_node_failing_cuda_or_nccl_init_is_infra(log):
+    _reads(log, "nccl_init_system_error", "start")
+
+
+def test_an_internal_nccl_return_stays_unknown():  # a guard of the rule above
+    # ncclInternalError (3) up the init trail: no class names it (the NVIDIA/nccl#1099 trail, result 3)
+    log = ("nd20-01:191191:219889 [0] NCCL INFO bootstrap.cc:270 -> 3\n"
+           "nd20-01:191191:219889 [0] NCCL INFO init.cc:1303 -> 3\n")
+    _reads(log, "unknown", "start")
+
+
+# ------------------------------------------------------------------ serving evidence
+BENCH = ("============ Serving Benchmark Result ============\n"  # vllm-project/vllm#18566 (vllm bench serve)
+         "Successful requests:                     1000\n"
+         "Benchmark duration (s):                  30.85\n"
+         "Request throughput (req/s):              32.42\n")
+
+
+def test_a_benchmark_result_is_serving():
+    _reads(BENCH, "healthy", "first request")
+
+
+def test_a_route_list_is_vllms_api_server_up():
+    # vLLM's launcher listing its routes (entrypoints/launcher.py; club-3090 benchmark report)
+    log = ("(APIServer pid=1) INFO 05-09 10:37:24 [launcher.py:46] Route: /ping, Methods: GET\n"
+           "(APIServer pid=1) INFO 05-09 10:37:24 [launcher.py:46] Route: /v1/chat/completions, Methods: POST\n")
+    _reads(log, "healthy", "API server up")
+
+
+def test_an_error_after_serving_still_ends_it():  # a guard of the rule above
+    # a benchmark result, then the engine's death (vllm v1/engine/exceptions.py)
+    log = BENCH + "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+    assert classify(log).failure_class == "server_crash"
+
+
 # ------------------------------------------------------------------ a failure is never healthy
 def test_requests_answered_5xx_are_not_served_past():
     # SGLang under slime answering a burst of chat requests 500, mixed with 200s (THUDM/slime#1514)
