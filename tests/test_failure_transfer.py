@@ -137,3 +137,11 @@ def test_requests_running_with_no_token_made_is_a_stall():
     idle = ("(APIServer pid=19189) INFO 10-06 11:27:21 [loggers.py:127] Engine 000: Avg prompt throughput: 0.0 "
             "tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs\n")
     assert classify(head + idle * 3).healthy
+
+
+def test_a_queue_pair_that_cannot_connect_is_the_network_in_any_rdma_library():
+    # UCCL's EP setup on MI355X nodes (uccl-project/uccl#641); NCCL's ibvwrap wording of the same verbs
+    # call (NVIDIA/nccl#2013) was already the network's
+    _reads("Failed to modify QP to RTR: Connection timed out\n", "nccl_network_error", "start")
+    _reads("host-01.example.com:XXXXXX [5] ibvwrap.c:262 NCCL WARN Call to ibv_modify_qp failed with 110 Connection "
+           "timed out, on dev mlx_x:1, curr state INIT, next state RTR, local GID index 3\n", "nccl_network_error", "start")
