@@ -324,6 +324,9 @@ def _tail_start(v: LogView) -> int:
 
 #: An access-log line of a request the server answered (not with a 5xx): served, even when refused.
 _ANSWERED = re.compile(r'"(?:GET|POST|PUT|PATCH|DELETE) /\S* HTTP/\d(?:\.\d)?" [1-4]\d\d\b')
+#: An access-log line of a request (not a health probe) the server answered 5xx: a request that
+#: failed, which the requests answered after it do not undo (the harness's server_http_error).
+_FAILED_REQUEST = re.compile(r'"(?:GET|POST|PUT|PATCH|DELETE) /(?!health|ready|ping)\S* HTTP/\d(?:\.\d)?" 5\d\d\b')
 
 
 def _ended_in_error(log: _Log) -> int | None:
@@ -444,6 +447,57 @@ def _last_line(lines: list[str], pat: re.Pattern[str] | None = None) -> str:
         if line.strip() and (pat is None or pat.search(line)):
             return line
     return ""
+
+
+#: A dump of a process's threads: py-spy's (``Pyspy dump for PID``, ``Thread 499 (idle): "MainThread"``)
+#: and Python faulthandler's (``Thread 0x00007f... (most recent call first):``, ``Current thread 0x...``).
+_THREAD_DUMP = re.compile(r'Pyspy dump for PID|^\s*Thread (?:\d+|0x[0-9a-f]+) \((?:idle|active|gil|most recent call first)'
+                          r'|^\s*Current thread 0x[0-9a-f]+', re.I)
+
+
+def _dumped_after_serving(log: _Log) -> int | None:
+    """The first line of a dump of a process's threads after the log's last sign of serving, else
+    None: someone (a watchdog, the reporter) dumped a process that was stuck or dying, which a
+    healthy server is not."""
+    v, dump = log.view, None
+    for j in range(len(v.lines) - 1, -1, -1):
+        if log.form_stage[v.keys[j]] == "first_request":
+            break
+        if _THREAD_DUMP.search(v.body(j)):
+            dump = j
+    return dump
+
+
+#: vLLM's periodic engine metrics (v0 metrics.py and v1 loggers.py: "Avg prompt throughput: X
+#: tokens/s, Avg generation throughput: Y tokens/s, Running: N reqs, ...").
+_METRICS = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
+                      r"Running: (\d+) reqs")
+#: Metric lines (10 s apart) ending a log with requests running and no token made: a stall.
+STALL_LINES = 3
+
+
+def _stalled(v: LogView) -> int | None:
+    """The first of the metric lines a log ends on when each of its last :data:`STALL_LINES`
+    non-empty lines says requests are running and no token was made (the stream stopped while
+    the server stayed up: bench_stall), else None."""
+    seen, first = 0, None
+    for j in range(len(v.lines) - 1, -1, -1):
+        if not v.lines[j].strip():
+            continue
+        m = _METRICS.search(v.lines[j])
+        if not m or float(m.group(1)) or float(m.group(2)) or not int(m.group(3)):
+            break
+        seen, first = seen + 1, j
+    return first if seen >= STALL_LINES else None
+
+
+def _readable_last(v: LogView) -> str:
+    """The line an unknown with no progress and no error quotes: the last quotable line that says
+    something failed, else the last quotable line, never binary noise (undecodable bytes); ""
+    when no line is text."""
+    text = [i for i in range(len(v.lines)) if v.quotable(i) and "\ufffd" not in v.lines[i] and v.lines[i].isprintable()]
+    i = next((i for i in reversed(text) if ERRORISH.search(v.body(i))), text[-1] if text else None)
+    return v.lines[i] if i is not None else ""
 
 
 def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
@@ -585,7 +639,7 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         if not row.patterns:
             continue
         i = log.row_line(row, exit_code)
-        if i is not None and alone and _served_after(log, i, past_all=False):
+        if i is not None and alone and not _FAILED_REQUEST.search(v.body(i)) and _served_after(log, i, past_all=False):
             continue  # the server served past it (a log alone: no exit code says otherwise)
         if i is not None and (best is None or _tier(v.severity[i]) > best[0]):
             best = (_tier(v.severity[i]), -n, i, row.failure_class)
@@ -596,9 +650,10 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     d = v.decisive()
     crash_tb = _crash_traceback(v, d)
     cut_tb = crash_tb is not None and crash_tb[1] is None  # the log ends inside a traceback
-    crash_stage = None
+    crash_stage, crash_line = None, None
     if crash_tb is not None:  # no family names the message: where it was raised may
-        cls, i, crash_stage = _read_crash(log, *crash_tb)
+        cls, crash_line, crash_stage = _read_crash(log, *crash_tb)
+        i = crash_line
         if cls is not None:
             j = crash_tb[1] if crash_tb[1] is not None else i
             return _make(cls, lines[j], f"<{cls}>", PHASE_NAMES.get(crash_stage, ""))
@@ -611,7 +666,9 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     # engine's startup and its API server follows at once (SGLang still runs a warmup request
     # after it, which can hang)
     captured = vllm_log and "captured" in log.reached
-    decisive = lines[d] if d is not None else ""
+    # an unknown always quotes a line (its signature groups repeats): the first fatal event, else
+    # where a cut traceback stopped (its innermost frame), else the last error-ish or last line
+    decisive = lines[d] if d is not None else lines[crash_line] if crash_line is not None else _last_line(lines, ERRORISH)
     fatal = d is not None and v.severity[d] == FATAL and not _HARNESS.match(v.body(d))
     waited = any(_HARNESS.match(f.body) and _NOT_READY.search(f.body) for f in v.forms)
     # what a crash leaves: a fatal event, an excerpt ending inside a traceback, or an engine's
@@ -629,6 +686,12 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         d, decisive, crashed = ended, lines[ended], True
     if phase is None and (ready or captured and not waited) and exit_code in (None, 0) and not cut_tb and survived \
             and ended is None:
+        dump = _dumped_after_serving(log)
+        if dump is not None:  # served, then a process was dumped: not healthy, and nothing names why
+            return _make("unknown", lines[dump], "<no log output, exit unknown>", where)
+        stall = _stalled(v)
+        if stall is not None:  # requests running, no token made for the last metric lines
+            return _make("bench_stall", lines[stall], "<bench_stall>", where)
         # reached ready, and nothing failed or the server served past what did
         line = next((ln for ln, st in zip(lines, stages) if st in ("ready", "first_request")), "") or \
             next((ln for ln, st in zip(lines, stages) if st == "api_up"), "") or \
@@ -644,8 +707,9 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
             # no startup progress, no error, no harness deadline line (an empty log, binary
             # noise): no evidence of waiting, so not a startup timeout; the caller's exit code
             # or phase (--exit-code / --phase) decides
-            return _make("unknown", "", "<no startup progress and no error in the log, exit code and phase not given: "
-                                        "cannot tell a timeout from a crash>", where)
+            return _make("unknown", _readable_last(v),
+                         "<no startup progress and no error in the log, exit code and phase not given: "
+                         "cannot tell a timeout from a crash>", where)
         phase = "startup"  # still running and never ready: it failed at startup
     facts = _Facts(exit_code, phase, bool(_SIGQUIT.search(log.text)), bool(_TRACEBACK.search(log.text)),
                    ready, None if last in ("api_up", "first_request") and not ready else last)

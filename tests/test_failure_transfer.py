@@ -1,0 +1,147 @@
+"""Rules kept in the cls3 round because they hold across parts, vendors and versions
+(docs/failure_classifier.md, "Rules that transfer"): each log line is a real one, its public
+source named beside it; each test fails without its rule.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.failures import KIND, classify
+
+
+def _reads(log: str, expected: str, phase: str):
+    c = classify(log)
+    assert (c.failure_class, c.kind, c.phase or "start") == (expected, KIND.get(expected, expected), phase), c
+    return c
+
+
+# ------------------------------------------------------------------ an unknown always quotes a line
+def test_an_unknown_cut_in_a_traceback_quotes_where_it_stopped():
+    # an SGLang scheduler's traceback cut in its batch step (sgl-project/sglang#6309, as posted)
+    log = ("(SGLangEngine pid=952, ip=10.150.236.219)   File \"/sgl-workspace/sglang/python/sglang/srt/managers/"
+           "scheduler.py\", line 1060, in event_loop_normal\n"
+           "(SGLangEngine pid=952, ip=10.150.236.219)     result = self.run_batch(batch)\n"
+           "(SGLangEngine pid=952, ip=10.150.236.219)   File \"/sgl-workspace/sglang/python/sglang/srt/managers/"
+           "scheduler.py\", line 2035, in run_batch\n"
+           "(SGLangEngine pid=952, ip=10.150.236.219)     batch_result = self.model_worker.forward_batch_generation(\n")
+    c = _reads(log, "unknown", "serving a batch")
+    assert "in run_batch" in c.line and "in run_batch" in c.signature, c
+
+
+def test_an_unknown_with_no_progress_quotes_its_last_line():
+    # nccl-tests' option banner with nothing after it (NVIDIA/nccl-tests README's all_reduce_perf run)
+    log = ("# nThread 1 nGpus 8 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 "
+           "agg iters: 1 validation: 1 graph: 0\n#\n# Using devices\n")
+    c = _reads(log, "unknown", "start")
+    assert c.line == "# Using devices" and "Using devices" in c.signature, c
+
+
+# ------------------------------------------------------------------ OOM on any device
+@pytest.mark.parametrize("line", [
+    # torch_npu's allocator (gpustack/gpustack#4761, SGLang on Ascend)
+    "RuntimeError: NPU out of memory. Tried to allocate 98.71 GiB (NPU 0; 60.96 GiB total capacity; 25.03 GiB "
+    "already allocated; 25.03 GiB current active; 35.47 GiB free; 25.08 GiB reserved in total by PyTorch)",
+    # torch's hipified allocator on ROCm (Comfy-Org/ComfyUI#9529; pytorch/pytorch#138002)
+    "HIP out of memory. Tried to allocate 432.00 MiB. GPU 0 has a total capacity of 15.92 GiB of which 7.12 GiB "
+    "is free.",
+    # torch's MPS allocator (pharmapsychotic/clip-interrogator-ext#74)
+    "RuntimeError: MPS backend out of memory (MPS allocated: 6.04 GB, other allocations: 1.04 GB, max allowed: "
+    "6.77 GB). Tried to allocate 459.07 MB on private pool.",
+])
+def test_an_out_of_memory_of_any_accelerator_is_an_oom(line):
+    _reads(line + "\n", "cuda_oom_runtime", "start")
+
+
+# ------------------------------------------------------------------ node state at NCCL / CUDA init
+@pytest.mark.parametrize("log", [
+    # nccl-tests on an 8x H100 node without its fabric manager (NVIDIA/nccl-tests#264)
+    "test: Test CUDA failure common.cu:941 'system not yet initialized'\n .. test pid 54340: Test failure common.cu:891\n",
+    # torch's device count on an 8x A100 node without it (dstackai/dstack#2348)
+    "UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Error 802: system not yet "
+    "initialized (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:109.)\n",
+    # NCCL's init trail ending in ncclSystemError with no WARN (NVIDIA/nccl#1099)
+    "nd20-01:191191:219889 [0] NCCL INFO misc/socket.cc:564 -> 2\n"
+    "nd20-01:191191:219889 [0] NCCL INFO bootstrap.cc:270 -> 2\n"
+    "nd20-01:191191:219889 [0] NCCL INFO init.cc:1303 -> 2\n"
+    "nd20-01:191191:191191 [0] NCCL INFO group.cc:106 -> 2\n",
+    # NVLS setup failing a CUDA call, ncclUnhandledCudaError up the init trail (NVIDIA/nccl#1338)
+    "node2:242431:242475 [1] transport/nvls.cc:158 NCCL WARN Cuda failure 1 'invalid argument'\n"
+    "node2:242431:242475 [1] NCCL INFO transport/nvls.cc:330 -> 1\n"
+    "node2:242431:242475 [1] NCCL INFO init.cc:1277 -> 1\n",
+])
+def test_the_node_failing_cuda_or_nccl_init_is_infra(log):
+    _reads(log, "nccl_init_system_error", "start")
+
+
+def test_an_internal_nccl_return_stays_unknown():  # a guard of the rule above
+    # ncclInternalError (3) up the init trail: no class names it (the NVIDIA/nccl#1099 trail, result 3)
+    log = ("nd20-01:191191:219889 [0] NCCL INFO bootstrap.cc:270 -> 3\n"
+           "nd20-01:191191:219889 [0] NCCL INFO init.cc:1303 -> 3\n")
+    _reads(log, "unknown", "start")
+
+
+# ------------------------------------------------------------------ serving evidence
+BENCH = ("============ Serving Benchmark Result ============\n"  # vllm-project/vllm#18566 (vllm bench serve)
+         "Successful requests:                     1000\n"
+         "Benchmark duration (s):                  30.85\n"
+         "Request throughput (req/s):              32.42\n")
+
+
+def test_a_benchmark_result_is_serving():
+    _reads(BENCH, "healthy", "first request")
+
+
+def test_a_route_list_is_vllms_api_server_up():
+    # vLLM's launcher listing its routes (entrypoints/launcher.py; club-3090 benchmark report)
+    log = ("(APIServer pid=1) INFO 05-09 10:37:24 [launcher.py:46] Route: /ping, Methods: GET\n"
+           "(APIServer pid=1) INFO 05-09 10:37:24 [launcher.py:46] Route: /v1/chat/completions, Methods: POST\n")
+    _reads(log, "healthy", "API server up")
+
+
+def test_an_error_after_serving_still_ends_it():  # a guard of the rule above
+    # a benchmark result, then the engine's death (vllm v1/engine/exceptions.py)
+    log = BENCH + "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+    assert classify(log).failure_class == "server_crash"
+
+
+# ------------------------------------------------------------------ a failure is never healthy
+def test_requests_answered_5xx_are_not_served_past():
+    # SGLang under slime answering a burst of chat requests 500, mixed with 200s (THUDM/slime#1514)
+    log = ('[2026-01-29 06:53:43] INFO:     11.251.218.253:45400 - "POST /v1/chat/completions HTTP/1.1" 500 '
+           "Internal Server Error\n"
+           '[2026-01-29 06:53:43] INFO:     11.251.218.253:52558 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n')
+    c = _reads(log, "server_http_error", "start")
+    assert '" 500' in c.line
+
+
+def test_a_thread_dump_after_serving_is_not_healthy():
+    # SGLang's scheduler dumped by py-spy on its first request (gpustack/gpustack#3139)
+    log = ('[2025-11-05 10:18:47] INFO:     127.0.0.1:43844 - "GET /v1/models HTTP/1.1" 200 OK\n'
+           "[2025-11-05 10:18:51] Pyspy dump for PID 499:\n"
+           "Process 499: sglang::scheduler\n"
+           'Thread 499 (idle): "MainThread"\n'
+           "    replay (npu_graph_runner.py:82)\n"
+           "    run_batch (scheduler.py:1987)\n")
+    c = _reads(log, "unknown", "first request")
+    assert "Pyspy dump" in c.line
+
+
+def test_requests_running_with_no_token_made_is_a_stall():
+    # vLLM v0's metrics while two requests stay running (vllm-project/vllm#8299, a maintainer's CI log)
+    head = "INFO 09-10 09:54:45 async_llm_engine.py:206] Added request cmpl-5feb07c5-0.\n"
+    stalled = ("INFO 09-10 09:55:01 metrics.py:351] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
+               "0.0 tokens/s, Running: 2 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 0.0%\n")
+    _reads(head + stalled * 3, "bench_stall", "first request")
+    # vLLM v1's idle server (vllm-project/vllm#26349's log): nothing running, healthy
+    idle = ("(APIServer pid=19189) INFO 10-06 11:27:21 [loggers.py:127] Engine 000: Avg prompt throughput: 0.0 "
+            "tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs\n")
+    assert classify(head + idle * 3).healthy
+
+
+def test_a_queue_pair_that_cannot_connect_is_the_network_in_any_rdma_library():
+    # UCCL's EP setup on MI355X nodes (uccl-project/uccl#641); NCCL's ibvwrap wording of the same verbs
+    # call (NVIDIA/nccl#2013) was already the network's
+    _reads("Failed to modify QP to RTR: Connection timed out\n", "nccl_network_error", "start")
+    _reads("host-01.example.com:XXXXXX [5] ibvwrap.c:262 NCCL WARN Call to ibv_modify_qp failed with 110 Connection "
+           "timed out, on dev mlx_x:1, curr state INIT, next state RTR, local GID index 3\n", "nccl_network_error", "start")
