@@ -28,7 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),
 
 @pytest.mark.xfail(strict=False, reason="per-chunk ITL mean not within 3 % on a shared machine: 1.24 (pairs 0.7-1.5, "
                    "following the server's own speed from run to run) at load 2.4 per CPU, 2026-12-04; median TTFT "
-                   "0.90 and output tok/s 0.93 within 10 %; benchmarks/results/vllm_client_agreement.md")
+                   "0.90 and output tok/s 0.93 within 10 %; benchmarks/results/vllm_client_agreement.md. vLLM's client "
+                   "against itself (--same vllm, 2026-12-05) is 1.30 apart on that ITL and 1.50 on tok/s: "
+                   "benchmarks/results/vllm_client_aa_vllm.md")
 def test_our_client_within_bounds_of_vllms_own(vllm_env, tmp_path):  # noqa: F811 - fixture
     res = agreement.compare(pairs=5, log_dir=tmp_path)
     agreement.write_results(res)  # the figures seen, kept in benchmarks/results/
