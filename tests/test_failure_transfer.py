@@ -145,3 +145,52 @@ def test_a_queue_pair_that_cannot_connect_is_the_network_in_any_rdma_library():
     _reads("Failed to modify QP to RTR: Connection timed out\n", "nccl_network_error", "start")
     _reads("host-01.example.com:XXXXXX [5] ibvwrap.c:262 NCCL WARN Call to ibv_modify_qp failed with 110 Connection "
            "timed out, on dev mlx_x:1, curr state INIT, next state RTR, local GID index 3\n", "nccl_network_error", "start")
+
+
+# ------------------------------------------------------------------ read from test8 (docs: "test8 read")
+@pytest.mark.parametrize("log", [
+    # vLLM-Omni's diffusion engine on an Ascend NPU (PKU-YuanGroup/Helios#62, corpus test8): CANN's
+    # own allocation error code, no "out of memory" anywhere
+    "[ERROR] 2026-04-09-21:56:46 (PID:210907, Device:0, RankID:0) ERR00100 PTA call acl api failed.\n"
+    "[PID: 210907] 2026-04-09-21:56:40.384.694 Memory_Allocation_Failure(EL0004): Failed to allocate memory "
+    "requested by GE module.\n        Possible Cause: Available memory is insufficient.\n",
+])
+def test_ascends_allocation_failure_is_an_oom(log):
+    _reads(log, "cuda_oom_runtime", "start")
+
+
+_WARMUP = ("[2025-10-22 10:27:27] INFO:     Application startup complete.\n"
+           "[2025-10-22 10:27:27] INFO:     Uvicorn running on http://127.0.0.1:9316 (Press CTRL+C to quit)\n"
+           "[2025-10-22 10:29:28] Initialization failed. warmup error: Traceback (most recent call last):\n"
+           "  File \"/home/u/.local/lib/python3.11/site-packages/sglang/srt/entrypoints/http_server.py\", line 1407, "
+           "in _execute_server_warmup\n"
+           "    assert res.status_code == 200, f\"{res=}, {res.text=}\"\n"
+           "AssertionError: res=<Response [{code}]>, res.text='{body}'\n")
+
+
+def test_a_warmup_refused_in_front_of_the_server_is_a_health_check_failure():
+    # SGLang's own warmup answered by a 403 page (NVlabs/DiffusionNFT#21, corpus test8)
+    log = _WARMUP.replace("{code}", "403").replace("{body}", "<html><head><title>403 Forbidden</title></head></html>")
+    _reads(log, "health_check_failed", "API server up")
+
+
+def test_a_warmup_the_engine_answered_500_is_not():  # a guard of the rule above
+    log = _WARMUP.replace("{code}", "500").replace("{body}", "Internal Server Error")
+    assert classify(log).failure_class != "health_check_failed"
+
+
+def test_a_launchers_own_readiness_deadline_is_a_startup_timeout():
+    # Modal's SGLang deploy script (modal-labs/modal-examples#1553, corpus test8)
+    log = ("  File \"/root/sglang_low_latency_deploy.py\", line 319, in wait_ready\n"
+           "    raise TimeoutError(f\"SGLang server not ready within {timeout} seconds\")\n"
+           "TimeoutError: SGLang server not ready within 300 seconds\n"
+           "Runner failed with exception: TimeoutError('SGLang server not ready within 300 seconds')\n")
+    _reads(log, "startup_timeout", "start")
+
+
+def test_a_readiness_deadline_after_the_engines_own_error_is_that_error():  # a guard of the rule above
+    log = ("[2025-03-28 09:41:59 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+           "  File \"/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py\", line 1060, in event_loop_normal\n"
+           "ValueError: boom\n"
+           "TimeoutError: SGLang server not ready within 300 seconds\n")
+    assert classify(log).failure_class != "startup_timeout"
