@@ -136,6 +136,25 @@ def test_the_draw_changes_a_barely_tried_knob_before_one_that_made_no_difference
     assert len(_picks(space, recs, incumbent, None)) > 1
 
 
+def test_among_equal_gains_the_draw_changes_the_knob_seen_to_matter():
+    """The campaign's first draw: the baseline and one seed differ in a (and their values differ),
+    b was never varied. The incumbent's untried neighbours a=3 and b=2 are both unseen levels
+    (equal gain): a=3 comes first on every seed, where the seeded order alone picks b=2 too."""
+    from sweeps.config.objective import ObjectiveSet
+    from sweeps.search.untried import level_model
+
+    space = parse_space({"a": {"type": "categorical", "choices": [1, 2, 3]},
+                         "b": {"type": "categorical", "choices": [1, 2]}}, [])
+    objs = ObjectiveSet.from_config("decode_tok_s", "maximize")
+    recs = _recs([({"a": 1, "b": 1}, 82.0), ({"a": 2, "b": 1}, 54.0)])
+    model = level_model(recs, objs)
+    incumbent = {"a": 1, "b": 1}
+    assert model.gain({"a": 3, "b": 1}, incumbent) == model.gain({"a": 1, "b": 2}, incumbent)
+    assert model.knob_ranges()["a"] > 0 == model.knob_ranges()["b"]
+    assert _picks(space, recs, incumbent, model) == {records.config_key({"a": 3, "b": 1})}
+    assert len(_picks(space, recs, incumbent, None)) > 1
+
+
 def test_the_level_model_of_a_minimised_objective_and_of_no_trial():
     from sweeps.config.objective import ObjectiveSet
     from sweeps.search.untried import LevelModel, level_model

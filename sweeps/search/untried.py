@@ -106,12 +106,19 @@ class UntriedDraw:
         """The candidate nearest ``near`` (fewest differing knobs) that is not in ``taken`` and
         that ``allowed`` accepts; None when none is left (exhaustive for an enumerated space,
         after :data:`SAMPLE_DRAWS` draws otherwise). Among equally near candidates, the one whose
-        new levels are worth most to ``model`` (:meth:`LevelModel.gain`) comes first, then the
-        seeded order."""
+        new levels are worth most to ``model`` (:meth:`LevelModel.gain`) comes first; among equal
+        gains (typically untried levels of different knobs), the one changing a knob whose tried
+        levels were seen to differ most (:meth:`LevelModel.knob_ranges`); then the seeded order."""
         cands: Iterator[dict[str, Any]] | list[dict[str, Any]] = self._candidates()
         if near:
             gain = model.gain if model is not None else (lambda c, n: 0.0)
-            cands = sorted(cands, key=lambda c: (distance(c, near), -gain(c, near)))  # stable: ties keep the seeded order
+            ranges = model.knob_ranges() if model is not None else {}
+
+            def key(c: Mapping[str, Any]) -> tuple[int, float, float]:
+                moved = max((ranges.get(k, 0.0) for k, v in c.items() if near.get(k) != v), default=0.0)
+                # gains rounded so that equal sums reached in another order still tie
+                return distance(c, near), -round(gain(c, near), 9), -moved
+            cands = sorted(cands, key=key)  # stable: ties keep the seeded order
         for cfg in cands:
             if trial_records.config_key(cfg) not in taken and allowed(cfg):
                 return dict(cfg)
@@ -148,6 +155,19 @@ class LevelModel:
     def bonus(self, knob: str, level: Any) -> float:
         """Optimism for ``knob=level``: ``EXPLORE_KAPPA x spread / sqrt(1 + trials at the level)``."""
         return EXPLORE_KAPPA * self.spread / math.sqrt(1 + self.counts.get((knob, repr(level)), 0))
+
+    def knob_ranges(self) -> dict[str, float]:
+        """``{knob: max - min of the main effects of its tried levels}`` (objective units; 0 for a
+        knob with one tried level). The draw's tie-break among equal gains: two untried levels of
+        two knobs earn the same optimism, and the knob whose levels were seen to differ is the one
+        more likely to hold the next gain. On the campaign landscape of
+        benchmarks/sweep_efficiency.py the first draw after the seeds ties ``nccl_algo=Ring`` with
+        the untried graph sizes (both unseen, gain 4.76 each); the graph size differed between the
+        baseline and the EAGLE-3 seed, NCCL's algorithm never did."""
+        levels: dict[str, list[float]] = {}
+        for (knob, _), e in self.effects.items():
+            levels.setdefault(knob, []).append(e)
+        return {k: max(es) - min(es) for k, es in levels.items()}
 
     def gain(self, cand: Mapping[str, Any], near: Mapping[str, Any]) -> float:
         """Optimistic worth of the levels ``cand`` sets where it differs from ``near`` (objective
