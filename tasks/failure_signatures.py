@@ -20,7 +20,7 @@ TABLE_PATH = Path(__file__).with_name("failure_signatures.yaml")
 KINDS = ("deterministic", "transient", "infra", "perf")
 #: Named whole-log checks a signature row may use instead of patterns (``tasks.failures``).
 CHECK_NAMES = ("spec_decode_no_speedup", "allreduce_path_degraded")
-_ROW_KEYS = {"class", "patterns", "source", "requires", "unless", "near", "not_near", "line_unless", "exit_codes",
+_ROW_KEYS = {"class", "patterns", "source", "requires", "unless", "near", "not_near", "line_unless", "first_error", "exit_codes",
              "stages", "check"}
 
 #: Lines above the decisive one searched by ``Signature.near`` (a Python traceback frame
@@ -59,6 +59,10 @@ class Signature:
             stages (see ``Tables.milestones``).
         check: name of a whole-log check (one of :data:`CHECK_NAMES`) used instead of
             patterns (the perf rows, e.g. throughput below the baseline).
+        first_error: the row speaks only for the log's first error: its decisive line must not
+            be a warning, nor follow an ERROR or fatal line outside its own traceback, nor be followed by the
+            server becoming ready (a launcher's verdict on a server that failed for a reason of
+            its own, or came up after all, is not the cause).
     """
 
     failure_class: str
@@ -72,6 +76,7 @@ class Signature:
     exit_codes: frozenset[int | None] | None = None
     stages: frozenset[str] | None = None
     check: str | None = None
+    first_error: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,12 +140,15 @@ def _row(i: int, row: Any, kinds: dict[str, str], stages: set[str]) -> Signature
         raise SignatureTableError(f"{where}.check: {check!r} is not one of {CHECK_NAMES}")
     if pats and check is not None:
         raise SignatureTableError(f"{where}: a row has patterns or a check, not both")
+    first = row.get("first_error", False)
+    if not isinstance(first, bool):
+        raise SignatureTableError(f"{where}.first_error: expected true or false, got {first!r}")
     return Signature(
         failure_class=cls, patterns=tuple(_compile(f"{where}.patterns[{j}]", p) for j, p in enumerate(pats)),
         source=str(row.get("source") or ""), requires=_opt(where, row, "requires", re.MULTILINE),
         unless=_opt(where, row, "unless", re.MULTILINE), near=_opt(where, row, "near"),
         not_near=_opt(where, row, "not_near"), line_unless=_opt(where, row, "line_unless"),
-        exit_codes=None if codes is None else frozenset(codes), stages=st, check=check)
+        exit_codes=None if codes is None else frozenset(codes), stages=st, check=check, first_error=first)
 
 
 def _stages(where: str, st: Any, stages: set[str]) -> frozenset[str] | None:

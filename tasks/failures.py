@@ -278,7 +278,20 @@ class _Log:
             if row.not_near is not None and self._near(row.not_near, i):
                 continue
             best, best_sev = i, _tier(v.severity[i])
+        if best is not None and row.first_error and not self._first_error(best):
+            return None
         return best
+
+    def _first_error(self, i: int) -> bool:
+        """Line ``i`` is not a warning, is the log's first error (no ERROR or fatal line before
+        its own traceback) and no ready or serving line follows it."""
+        v = self.view
+        if v.severity[i] == WARN:
+            return False
+        lo = min(i, v.tb_start[i])
+        if any(v.severity[j] >= ERROR and v.quotable(j) for j in range(lo)):
+            return False
+        return not any(self.stages[j] in ("ready", "first_request", "serving") for j in range(i + 1, len(v.keys)))
 
     def _near(self, pat: re.Pattern[str], i: int) -> bool:
         lo = min(max(0, i - NEAR_LINES), self.view.tb_start[i])

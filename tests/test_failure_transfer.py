@@ -1,6 +1,7 @@
 """Rules kept in the cls3 round because they hold across parts, vendors and versions
-(docs/failure_classifier.md, "Rules that transfer"): each log line is a real one, its public
-source named beside it; each test fails without its rule.
+(docs/failure_classifier.md, "Rules that transfer", "test8 read"): each log line is a real one,
+its public source named beside it, except in the guards, which change one thing of such a log to
+show where a rule stops; each test fails without its rule.
 """
 
 from __future__ import annotations
@@ -194,3 +195,35 @@ def test_a_readiness_deadline_after_the_engines_own_error_is_that_error():  # a 
            "ValueError: boom\n"
            "TimeoutError: SGLang server not ready within 300 seconds\n")
     assert classify(log).failure_class != "startup_timeout"
+
+
+def test_canns_bare_error_code_line_is_an_oom():
+    # vllm-project/vllm-ascend#4026's title, the code line without Memory_Allocation_Failure
+    _reads("EL0004: [PID: 14004] 2025-11-06-01:17:59.527.855 Failed to allocate memory.\n", "cuda_oom_runtime", "start")
+
+
+@pytest.mark.parametrize("line", [
+    # the wordings of test harnesses' wait-for-server loops (no number of seconds in them)
+    "RuntimeError: Server failed to start in time.",
+    "TimeoutError: Server failed to start within the timeout period.",
+    "ERROR: Timed out waiting for the vLLM server to start (waited 1200 s)",
+])
+def test_a_launchers_deadline_in_other_wordings(line):
+    log = ("(EngineCore_DP0 pid=123) INFO 12-03 12:10:20 [gpu_model_runner.py:2602] Starting to load model "
+           "meta-llama/Llama-3.1-70B-Instruct...\n" + line + "\n")
+    assert classify(log).failure_class == "startup_timeout", classify(log)
+
+
+def test_a_retry_line_of_a_server_that_came_up_is_no_deadline():  # a guard of the rule above
+    log = ("[2025-10-22 10:25:05 TP0] Init torch distributed begin.\n"
+           "health probe: Server not ready in 1 s, retrying\n"
+           "[2025-10-22 10:25:28] The server is fired up and ready to roll!\n")
+    for args in ((None, None), (137, "bench")):
+        assert classify(log, *args).failure_class != "startup_timeout", args
+
+
+def test_a_deadline_after_an_error_no_row_names_is_not_the_cause():  # a guard of the rule above
+    log = ("[2025-10-22 10:25:01] server_args=ServerArgs(model_path='Qwen/Qwen2.5-7B-Instruct', tp_size=1)\n"
+           "ValueError: User-specified context_length (131072) is greater than the derived context_length (32768).\n"
+           "RuntimeError: SGLang server not ready within 300 seconds\n")
+    assert classify(log, 1).failure_class != "startup_timeout"
