@@ -335,11 +335,14 @@ def _tail_start(v: LogView) -> int:
     return i
 
 
+#: An HTTP access-log line (uvicorn's / aiohttp's ``"POST /generate HTTP/1.1" 200``): a request to a path
+#: starting with ``path`` (a regex) answered with a status whose first digit matches ``status``.
+_ACCESS_LINE = r'"(?:GET|POST|PUT|PATCH|DELETE) /{path}\S* HTTP/\d(?:\.\d)?" {status}\d\d\b'
 #: An access-log line of a request the server answered (not with a 5xx): served, even when refused.
-_ANSWERED = re.compile(r'"(?:GET|POST|PUT|PATCH|DELETE) /\S* HTTP/\d(?:\.\d)?" [1-4]\d\d\b')
+_ANSWERED = re.compile(_ACCESS_LINE.format(path="", status="[1-4]"))
 #: An access-log line of a request (not a health probe) the server answered 5xx: a request that
 #: failed, which the requests answered after it do not undo (the harness's server_http_error).
-_FAILED_REQUEST = re.compile(r'"(?:GET|POST|PUT|PATCH|DELETE) /(?!health|ready|ping)\S* HTTP/\d(?:\.\d)?" 5\d\d\b')
+_FAILED_REQUEST = re.compile(_ACCESS_LINE.format(path="(?!health|ready|ping)", status="5"))
 
 
 def _ended_in_error(log: _Log) -> int | None:
