@@ -11,8 +11,9 @@ or a silently degraded allreduce level. Among those, the one NEAREST the sampler
 (fewest knobs changed) is taken, so the redirect stays in the region the sampler chose instead of
 spending launches on a uniform draw. Among equally near candidates an additive surrogate of the
 study's measurements (:class:`LevelModel`: main effects plus an exploration bonus) ranks them, so
-the draw changes knobs that were seen to matter or barely tried first; then the seeded order. "Exhausted" means nothing
-untried and feasible is left.
+the draw changes knobs that were seen to matter or barely tried first; among equal gains, a knob
+whose tried levels differed (:meth:`LevelModel.knob_ranges`); then the seeded order. "Exhausted"
+means nothing untried and feasible is left.
 """
 
 from __future__ import annotations
