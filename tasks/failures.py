@@ -807,7 +807,13 @@ def harness_classification(failure_class: str, detail: str = "") -> Classificati
 # CLI
 # --------------------------------------------------------------------------------------
 def _exit_code_arg(s: str) -> int | None:
-    return None if s.lower() in ("none", "null", "") else int(s)
+    if s.lower() in ("none", "null", ""):
+        return None
+    try:
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: give the exit code as an integer (e.g. 1, 137, -9), "
+                                         "or 'none' for a server still running") from None
 
 
 def _corpus_line(entry) -> str:

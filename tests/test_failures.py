@@ -414,6 +414,14 @@ def test_cli_exit_code_flag_and_missing_file(tmp_path):
     assert "missing.log" in r.stderr
 
 
+def test_cli_a_bad_exit_code_says_what_to_give(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "tasks.failures", "--exit-code", "abc", str(tmp_path / "x.log")],
+                       cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2
+    assert "--exit-code: 'abc': give the exit code as an integer" in r.stderr and "'none'" in r.stderr
+    assert "_exit_code_arg" not in r.stderr
+
+
 
 def test_cli_reads_a_corpus_entry_as_its_log_field(tmp_path, capsys):
     """A corpus entry file is classified on its ``log`` field with its exit code, never on the
