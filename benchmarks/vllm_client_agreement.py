@@ -307,11 +307,12 @@ def _markdown(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison and write ``benchmarks/results/vllm_client_agreement.{json,md}``."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=5, help="alternating pairs of runs on one server (default 5; ~20 s each)")
     ap.add_argument("--tree", type=Path, default=REPO, help="checkout whose tasks/openai_bench.py is 'ours'")
     ap.add_argument("--same", choices=["ours", "vllm"], default=None,
                     help="an A/A run: this client in both slots (results stem vllm_client_aa_<client>)")
-    ap.add_argument("--pin", action="store_true", help="server and clients on separate CPUs (split_cpus)")
+    ap.add_argument("--pin", action="store_true",
+                    help="the server on all CPUs but the last, every client run on the last (needs 2 CPUs)")
     ap.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
     args = ap.parse_args(argv)
     if not VLLM_PY.exists():
