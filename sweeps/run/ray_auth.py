@@ -28,11 +28,14 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-#: Never shipped: venvs, local stores, caches, what only the driver or developers use.
+#: Never shipped: venvs, local stores, caches, what only the driver or developers use (the
+#: failure corpus's labelled logs are scored by benchmarks and read by the driver's knowledge
+#: checks; a trial's classifier needs the signature table, never the corpus).
 #: Patterns follow .gitignore syntax, relative to the working_dir (Ray's ``excludes``).
 CODE_EXCLUDES = [
     ".git", ".venv", ".contract-venv", ".vllm-venv", "*.lock", "mlflow/", "outputs/", "multirun/", "findings/",
-    "benchmarks/", "tests/", "docs/", "**/__pycache__", "*.egg-info", ".hypothesis", ".pytest_cache", ".ruff_cache",
+    "benchmarks/", "tests/", "docs/", "tasks/failure_corpus/*/", "**/__pycache__", "*.egg-info", ".hypothesis",
+    ".pytest_cache", ".ruff_cache", ".mypy_cache",
 ]
 
 #: What ``tasks/`` imports on a node beyond Ray itself (Ray's own ``[default]`` extra brings

@@ -1,12 +1,13 @@
 """The public failure corpus: real server-log excerpts from public issue threads, each labelled
-with the class and kind the thread's diagnosis gives (``dev/``, ``test/``, ``test2/``, ``test3/``,
-``test4/`` and ``test5/``, one YAML per log).
+with the class and kind the thread's diagnosis gives (``dev/``, ``test/``, ``test2/``, ...,
+one YAML per log; :data:`PARTS` lists the parts on disk).
 
 The entry format and the labelling rules are in ``tasks/failure_corpus/README.md``. The
-``dev`` part is what the classifier's signatures are written against; the ``test``, ``test2``,
-``test3``, ``test4`` and ``test5`` parts are only scored (``benchmarks/failure_corpus.py``), never
-read while writing signatures (``test2`` to ``test5`` are later held-out parts, labelled and
-committed before any classifier ran on them; ``test`` has been read once, see the README).
+``dev`` part is what the classifier's signatures are written against; each ``test<N>`` part is
+a held-out part, labelled and committed before any classifier ran on it, and scored blind once
+(``benchmarks/failure_corpus.py``); the README says which parts a later round has read.
+The parts are data for the driver and the benchmarks: a trial's node gets the package without
+them (``sweeps.run.ray_auth.CODE_EXCLUDES``), so :data:`PARTS` is empty there.
 
 :func:`load_corpus` reads and validates every entry (:class:`CorpusEntry`): the class must be a
 class of ``tasks/failure_signatures.yaml`` (or ``healthy``) and the kind must be that class's
