@@ -227,10 +227,14 @@ def test_sigkill_at_20_instants_of_a_fresh_stores_creation_then_the_same_command
             parent = c.execute("SELECT r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
                                "WHERE t.key = 'servesweep.role' AND t.value = 'study'").fetchall()
         assert parent == [("FINISHED",)], (parent, *what)
-    # the kills landed inside the creation, at stages spread over it, in the order of their instants
+    # the kills landed inside the creation, in every one of its steps (the lock held, then optuna,
+    # rules, mlflow: sweeps.run.stores._create_all), in the order of their instants. Which of
+    # MLflow's revisions a kill meets is not asked: on a fast machine the whole migration takes
+    # the last third of a 2 s window, past CREATING_SHARE
     inside = [s for s in seen if s["stage"] != "complete"]
     assert len(inside) >= 0.8 * n, [(s["at"], s["stage"]) for s in seen]
-    assert len({s["stage"] for s in inside}) >= min(5, max(1, n - 1)), [(s["at"], s["stage"]) for s in seen]
+    steps = {s["stage"].split()[0] for s in inside}  # "optuna done" -> optuna, "mlflow @rev (k/N)" -> mlflow
+    assert len(steps) >= min(4, max(1, n // 5)), [(s["at"], s["stage"]) for s in seen]
     half = max(1, n // 4)
     early = statistics.median(s["progress"] for s in seen[:half])
     late = statistics.median(s["progress"] for s in seen[-half:])
