@@ -199,6 +199,41 @@ def test_no_tokenizer_counts_one_token_per_text_chunk_and_trusts_usage(tmp_path)
     assert tok.error and "tokenizer.json" in tok.error
 
 
+class DroppingOpenAI(FakeOpenAI):
+    """Drops a request with no answer (aborts its connection after reading it), as a server does
+    that closes a kept-alive connection just as the client reuses it: the first ``drops``
+    requests that arrive on a connection that served before (``reused_only``), or on any."""
+
+    def __init__(self, root: Path, drops: int, reused_only: bool = True):
+        super().__init__(root)
+        self.drops, self.reused_only, self.dropped = drops, reused_only, 0
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peername")
+        if self.dropped < self.drops and (peer in self.peers or not self.reused_only):
+            await request.read()
+            self.dropped += 1
+            request.transport.abort()
+            return web.Response()
+        return await super().completions(request)
+
+
+def test_a_request_dropped_before_any_answer_is_sent_once_more(tmp_path):
+    fake = DroppingOpenAI(tmp_path, drops=1)
+    with serve(fake) as url:
+        m, recs = run_benchmark(url, SPEC)
+    assert fake.dropped == 1 and m["completed"] == 16 and all(r.completion_tokens == 24 for r in recs)
+    assert len(fake.bodies) == 17  # every request answered once: the dropped one on its second sending
+
+
+def test_a_server_that_drops_every_request_is_a_lost_connection_after_one_more_try(tmp_path):
+    fake = DroppingOpenAI(tmp_path, drops=10**6, reused_only=False)
+    with serve(fake) as url, pytest.raises(BenchError) as e:
+        run_benchmark(url, SPEC)
+    assert e.value.kind == "connection" and "after 0 chunks: ServerDisconnectedError" in str(e.value), str(e.value)
+    assert fake.dropped == 2 and not fake.bodies  # the warm-up sent twice, then the benchmark stopped
+
+
 def test_error_chunk_and_http_error(tmp_path):
     with pytest.raises(BenchError) as e:
         completion_record(0.0, [(0.1, {"error": {"message": "boom"}})])

@@ -212,7 +212,8 @@ def test_engine_core_stopped_mid_stream_is_a_bench_stall(vllm_env, tmp_path):
     # a SIGSTOPped engine core: streams go silent, /health still answers 200. When teardown
     # SIGKILLs it the API server logs EngineDeadError: that answers our kill, it is no crash.
     res, _, after = _run_with_fault(tmp_path, signal.SIGSTOP, LONG)
-    assert (res.status, res.failure_class, res.phase) == ("failed", "bench_stall", "bench"), res.failure_signature
+    seen = f"{res.failure_signature}\nlog tail (the harness's verdict last):\n{res.log_tail[-2500:]}"
+    assert (res.status, res.failure_class, res.phase) == ("failed", "bench_stall", "bench"), seen
     assert res.failure_kind == "transient"  # either way never a dead end
     # the stall is seen after request_timeout_s, the stopped tree SIGKILLed after term_grace_s
     assert after < LONG.request_timeout_s + TIMEOUTS.term_grace_s + 20
