@@ -465,6 +465,15 @@ def _last_line(lines: list[str], pat: re.Pattern[str] | None = None) -> str:
     return ""
 
 
+def _last_unserved(log: _Log, pat: re.Pattern[str]) -> str:
+    """The last line matching ``pat`` that no serving line (a request answered, a batch's
+    metrics) follows, else "": a line the server served past (vLLM's fd-limit advice at start,
+    "failed to automatically increase" its ulimit) is not why it later failed."""
+    v = log.view
+    served = [j for j, k in enumerate(v.keys) if log.form_stage[k] in ("first_request", "serving")]
+    return _last_line(v.lines[served[-1] + 1:] if served else v.lines, pat)
+
+
 #: A dump of a process's threads: py-spy's (``Pyspy dump for PID``, ``Thread 499 (idle): "MainThread"``)
 #: and Python faulthandler's (``Thread 0x00007f... (most recent call first):``, ``Current thread 0x...``).
 _THREAD_DUMP = re.compile(r'Pyspy dump for PID|^\s*Thread (?:\d+|0x[0-9a-f]+) \((?:idle|active|gil|most recent call first)'
@@ -683,8 +692,12 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     # after it, which can hang)
     captured = vllm_log and "captured" in log.reached
     # an unknown always quotes a line (its signature groups repeats): the first fatal event, else
-    # where a cut traceback stopped (its innermost frame), else the last error-ish or last line
-    decisive = lines[d] if d is not None else lines[crash_line] if crash_line is not None else _last_line(lines, ERRORISH)
+    # where a cut traceback stopped (its innermost frame), else the last error-ish line the server
+    # did not serve past, else the last line (for a trial: the harness's own verdict). A warning
+    # served past is no failure's line (vLLM's fd-limit advice at start would name every later one)
+    passed = d is not None and v.severity[d] < ERROR and _served_after(log, d, past_all=False)
+    decisive = lines[d] if d is not None and not passed else lines[crash_line] if crash_line is not None \
+        else _last_unserved(log, ERRORISH)
     fatal = d is not None and v.severity[d] == FATAL and not _HARNESS.match(v.body(d))
     waited = any(_HARNESS.match(f.body) and _NOT_READY.search(f.body) for f in v.forms)
     # what a crash leaves: a fatal event, an excerpt ending inside a traceback, or an engine's

@@ -676,3 +676,27 @@ def test_cli_never_prints_control_bytes(tmp_path, capsys):
         out = capsys.readouterr().out
         assert "RuntimeError: boom" in out
         assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out), repr(out)
+
+
+# vLLM's fd-limit advice (vllm/utils/system_utils.py) on a host whose hard limit is low: a
+# WARNING that says "failed" and "errors", printed at start, served past
+_ULIMIT_ADVICE = ("(APIServer pid=5026) WARNING 12-05 07:34:01 [system_utils.py:101] Found ulimit of 4096 and failed "
+                  "to automatically increase with error current limit exceeds maximum limit. This can cause fd limit "
+                  "errors like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n")
+_SERVED = ["(APIServer pid=5026) INFO 12-05 07:34:00 [api_server.py:1] vLLM API server version 0.11.0",
+           _ULIMIT_ADVICE,
+           "(APIServer pid=5026) INFO:     Started server process [5026]",
+           "(APIServer pid=5026) INFO:     Application startup complete.",
+           '(APIServer pid=5026) INFO:     127.0.0.1:40312 - "POST /v1/completions HTTP/1.1" 200 OK',
+           "(APIServer pid=5026) INFO 12-05 07:34:35 [loggers.py:335] Engine 000: Avg prompt throughput: 35.0 tokens/s, "
+           "Avg generation throughput: 474.2 tokens/s, Running: 4 reqs, Waiting: 0 reqs"]
+
+
+@pytest.mark.parametrize("exit_code, cls", [(None, "bench_stall"), (-9, "server_crash"), (0, "early_exit")])
+def test_a_warning_the_server_served_past_is_not_the_line_a_bench_failure_quotes(exit_code, cls):
+    verdict = "[servesweep] bench: stream stalled: no data for 10 s after 412 chunks"
+    c = classify("\n".join([*_SERVED, "", verdict]), exit_code, "bench")
+    assert (c.failure_class, c.line) == (cls, verdict)
+    # the same warning with nothing served after it is still what the log has to say
+    c = classify("\n".join(_SERVED[:2]), 1, "startup")
+    assert c.line == _ULIMIT_ADVICE
