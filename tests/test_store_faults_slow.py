@@ -227,14 +227,17 @@ def test_sigkill_at_20_instants_of_a_fresh_stores_creation_then_the_same_command
             parent = c.execute("SELECT r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
                                "WHERE t.key = 'servesweep.role' AND t.value = 'study'").fetchall()
         assert parent == [("FINISHED",)], (parent, *what)
-    # the kills landed inside the creation, in every one of its steps (the lock held, then optuna,
-    # rules, mlflow: sweeps.run.stores._create_all), in the order of their instants. Which of
-    # MLflow's revisions a kill meets is not asked: on a fast machine the whole migration takes
-    # the last third of a 2 s window, past CREATING_SHARE
+    # the kills landed inside the creation, spread over it, in the order of their instants. Spread:
+    # every one of its steps met a kill (the lock held, then optuna, rules, mlflow:
+    # sweeps.run.stores._create_all), or five of its stages did. On a fast machine (a 2 s window)
+    # MLflow's whole migration falls past CREATING_SHARE and the short rules step is met; on a slow
+    # one (13 s) the kills meet several of MLflow's revisions and can step over the rules
     inside = [s for s in seen if s["stage"] != "complete"]
     assert len(inside) >= 0.8 * n, [(s["at"], s["stage"]) for s in seen]
     steps = {s["stage"].split()[0] for s in inside}  # "optuna done" -> optuna, "mlflow @rev (k/N)" -> mlflow
-    assert len(steps) >= min(4, max(1, n // 5)), [(s["at"], s["stage"]) for s in seen]
+    stages = {s["stage"] for s in inside}
+    assert len(steps) >= min(4, max(1, n // 5)) or len(stages) >= min(5, max(1, n - 1)), \
+        [(s["at"], s["stage"]) for s in seen]
     half = max(1, n // 4)
     early = statistics.median(s["progress"] for s in seen[:half])
     late = statistics.median(s["progress"] for s in seen[-half:])
