@@ -227,3 +227,41 @@ def test_a_deadline_after_an_error_no_row_names_is_not_the_cause():  # a guard o
            "ValueError: User-specified context_length (131072) is greater than the derived context_length (32768).\n"
            "RuntimeError: SGLang server not ready within 300 seconds\n")
     assert classify(log, 1).failure_class != "startup_timeout"
+
+
+# ------------------------------------------------------------------ test9 read
+def test_the_driver_apis_out_of_memory_is_an_oom():
+    # vLLM's EngineCore repacking GPTQ weights at load (noonghunna/club-3090#60, as posted):
+    # torch's driver-API check words it "CUDA driver error: out of memory"
+    log = ("(EngineCore pid=77) ERROR 05-05 07:35:19 [core.py:1136]   File \"/usr/local/lib/python3.12/dist-packages/"
+           "vllm/_custom_ops.py\", line 1279, in gptq_marlin_repack\n"
+           "(EngineCore pid=77) ERROR 05-05 07:35:19 [core.py:1136]     return torch.ops._C.gptq_marlin_repack(\n"
+           "(EngineCore pid=77) ERROR 05-05 07:35:19 [core.py:1136] RuntimeError: CUDA driver error: out of memory\n")
+    c = classify(log)
+    assert (c.failure_class, c.kind) == ("cuda_oom_runtime", "transient"), c
+
+
+def test_the_same_words_from_torchs_symmetric_memory_are_its_limit():  # a guard of the rule above
+    # a 2 GiB symmetric-memory workspace that cannot be mapped while 2 GiB - 1 can (pytorch/pytorch#137145)
+    log = ("[rank0]: Traceback (most recent call last):\n"
+           "[rank0]:   File \"/home/u/.local/lib/python3.10/site-packages/torch/distributed/_symmetric_memory/"
+           "__init__.py\", line 115, in get_symm_mem_workspace\n"
+           "[rank0]:     tensor = _SymmetricMemory.empty_strided_p2p(\n"
+           "[rank0]: RuntimeError: CUDA driver error: out of memory\n")
+    assert classify(log).failure_class == "torch_symm_mem_unsupported"
+
+
+def test_a_cuda_check_failing_in_the_custom_all_reduce_source_is_that_path():
+    # sgl_kernel's JIT custom all-reduce under slime's SGLang engine (THUDM/slime#1998, as posted)
+    log = ("RuntimeError: Runtime check failed at /sgl-workspace/sglang/python/sglang/jit_kernel/include/sgl_kernel/"
+           "distributed/custom_all_reduce.cuh:37: CUDA error: invalid argument\n"
+           "Exception: Capture cuda graph failed\n")
+    c = classify(log)
+    assert (c.failure_class, c.kind) == ("custom_allreduce_graph_error", "deterministic"), c
+
+
+def test_a_compiler_warning_in_the_custom_all_reduce_header_is_not():  # a guard of the rule above
+    log = ("/sgl-workspace/sglang/python/sglang/jit_kernel/include/sgl_kernel/distributed/custom_all_reduce.cuh:37:5: "
+           "warning: variable 'rank' set but not used [-Wunused-but-set-variable]\n"
+           "INFO:     Application startup complete.\n")
+    assert classify(log).failure_class != "custom_allreduce_graph_error"
