@@ -700,3 +700,15 @@ def test_a_warning_the_server_served_past_is_not_the_line_a_bench_failure_quotes
     # the same warning with nothing served after it is still what the log has to say
     c = classify("\n".join(_SERVED[:2]), 1, "startup")
     assert c.line == _ULIMIT_ADVICE
+
+
+def test_an_algorithm_pin_nccl_echoes_is_a_pin():
+    # NCCL echoes every variable it reads (misc/param.cc: "%s set by environment to %s"); a log
+    # captured without the shell's environment shows the pin only that way
+    log = ("node1:2528103:2528103 [0] NCCL INFO NCCL_ALGO set by environment to Ringg\n"
+           "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, invalid usage, "
+           "NCCL version 2.21.5\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n")
+    assert classify(log, 1, "startup").failure_class == "nccl_env_algo_proto_invalid"
+    # the same error with some other variable echoed is no pin of the algorithm
+    other = log.replace("NCCL_ALGO set by environment to Ringg", "NCCL_P2P_DISABLE set by environment to 1")
+    assert classify(other, 1, "startup").failure_class != "nccl_env_algo_proto_invalid"
