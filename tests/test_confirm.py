@@ -447,6 +447,9 @@ def test_findings_name_the_configs_the_race_added(tmp_path):
     win = next(e for e in out["entries"] if e["trial"] == out["winner"])
     assert f"| t{out['winner']} (added: t{win['derived_from']}, cuda_graph_max_bs 64 -> 128) |" in text
     assert f"The race added {len(out['derived'])} config(s)" in text and "no sweep trial had measured" in text
+    # the header counts every row of the table: the top k, the baseline and the added ones
+    assert text.startswith(f"Top 1 configs and the baseline, and {len(out['derived'])} config(s) the race added")
+    assert len(out["entries"]) == 1 + 1 + len(out["derived"]), [(e["trial"], e.get("is_baseline")) for e in out["entries"]]
 
 
 def test_the_descent_does_not_relaunch_a_config_the_sweep_saw_fail(tmp_path):

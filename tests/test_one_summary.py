@@ -68,6 +68,10 @@ def test_console_findings_mlflow_and_recheck_agree(swept):
     # the console: the same baseline, winner, confirmed value and counts
     for line in (s.baseline_text(), s.winner_text(), s.counts_text()):
         assert line in console, (line, console)
+    # ... and the winner's config by name, the params its trial ran (the deploy command's)
+    params = drv.study.trials[s.winner].params if s.winner < len(drv.study.trials) else s.winner_config
+    assert s.winner_config == params and s.winner_config_text() in console, (s.winner_config_text(), console)
+    assert all(f"{k}={v}" in s.winner_config_text() for k, v in params.items())
     # the console's table: the winner marked, each speedup against the summary's baseline (the findings')
     rows = {int(c[0]): c for c in (line.strip("│┃ ").split("│") for line in console.splitlines())
             if len(c) >= 7 and c[0].strip().isdigit()}

@@ -220,6 +220,13 @@ class StudySummary:
             return f"best (confirmed over {w.n} repeats): trial {self.winner}, {on}{self._v(w.value)}{ci}{sp}"
         return f"best: trial {self.winner}, {on}{self._v(w.value)} (one measurement){sp}"
 
+    def winner_config_text(self) -> str | None:
+        """``winner config: cuda_graph_max_bs=128, speculative_algorithm=EAGLE3`` (the winner's
+        params, so the headline names what to deploy, not only a trial number), or None."""
+        if self.winner is None or not self.winner_config:
+            return None
+        return "winner config: " + ", ".join(f"{k}={v}" for k, v in self.winner_config.items())
+
     def tie_text(self) -> str | None:
         """``tie group: t13, t24 (not distinguishable ...)`` or None."""
         if len(self.tie_group) < 2:
@@ -247,7 +254,7 @@ class StudySummary:
     def lines(self) -> list[str]:
         """The console's headline lines (the same numbers as the findings and MLflow)."""
         out = [self.counts_text(), self.gpu.text() + ".", self.baseline_text(), self.winner_text()]
-        out += [x for x in (self.tie_text(), self.best_single_text()) if x]
+        out += [x for x in (self.winner_config_text(), self.tie_text(), self.best_single_text()) if x]
         if self.winner_note:
             out.append(self.winner_note)
         if (s := self.serving_text()) is not None:
@@ -258,7 +265,8 @@ class StudySummary:
         """The MLflow parent's description (``mlflow.note.content``): winner, interval, tie group,
         serving check, deploy command, counts."""
         L = [f"## {self.study}", "", f"**{self.winner_text()}**", "", f"- {self.baseline_text()}"]
-        L += [f"- {x}" for x in (self.tie_text(), self.best_single_text(), self.serving_text()) if x]
+        L += [f"- {x}" for x in (self.winner_config_text(), self.tie_text(), self.best_single_text(),
+                                 self.serving_text()) if x]
         if self.winner_note:
             L.append(f"- {self.winner_note}")
         L += [f"- {self.counts_text()}", f"- {self.gpu.text()}"]

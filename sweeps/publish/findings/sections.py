@@ -62,7 +62,9 @@ def confirmation_lines(conf: Mapping[str, Any], obj: Objective | None = None) ->
     (default decode_tok_s), interval, speedup, token comparison and verdict."""
     obj = obj or Objective()
     lv = conf.get("confidence", 0.95)
-    out = [f"Top {conf.get('top_k')} configs and the baseline re-measured {conf.get('repeats')}× each "
+    n_derived = len(conf.get("derived") or [])
+    added = f", and {n_derived} config(s) the race added (see below)," if n_derived else ""
+    out = [f"Top {conf.get('top_k')} configs and the baseline{added} re-measured {conf.get('repeats')}× each "
            f"(fresh launches; the sweep's own measurement is not reused, so a lucky draw cannot win); "
            f"mean {measure.wording(obj)} with {lv * 100:.0f} % t-intervals; greedy output token ids compared with the "
            f"baseline's for the same prompts.", "",
