@@ -552,8 +552,9 @@ def landscapes_markdown(done: dict[str, dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark on every chosen landscape; writes each landscape's JSON/.md and
     ``sweep_efficiency_landscapes.json``/``.md`` (side by side) under ``--out``."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, default=11)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=11, help="runs per strategy and landscape (seeds 0..N-1); medians over them")
     ap.add_argument("--landscapes", default=",".join(LANDSCAPES), help=f"any of {', '.join(LANDSCAPES)}")
     ap.add_argument("--space", default=None, help="one custom landscape: this sweep (conf/sweep/ or "
                     "benchmarks/landscapes/sweep/) instead of --landscapes")
@@ -563,12 +564,14 @@ def main(argv: list[str] | None = None) -> int:
                     "measure servesweep without the approach quota")
     ap.add_argument("--target", type=float, default=0.98, help="fraction of the best achievable objective")
     ap.add_argument("--cap-trials", type=int, default=300, help="launches per run before it is censored")
-    ap.add_argument("--max-asks", type=int, default=3000)
-    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--max-asks", type=int, default=3000,
+                    help="sampler asks per run before it is censored (asks answered without a launch count too)")
+    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes running seeds in parallel")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "servesweep-space-table.json",
                     help="cache of each evaluated space (reused while the model and configs are unchanged)")
-    ap.add_argument("--strategies", default="grid,random,tpe_plain,tpe_worst,servesweep")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--strategies", default="grid,random,tpe_plain,tpe_worst,servesweep",
+                    help="comma-separated arms: the peers and servesweep itself")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and markdown results go")
     a = ap.parse_args(argv)
     if a.space or a.node:
         chosen = {f"{a.space or 'eagle3_allreduce'}@{a.node or 'default'}":
