@@ -27,7 +27,7 @@ failure signature is :data:`HEALTHY` (not a failure class: ``failure_class == "h
 the baseline into ``spec_decode_no_speedup``.
 
 CLI: ``python -m tasks.failures [--exit-code N] [--phase P] [--speedup X | --bench B.json] LOG...``
-prints per log its class, kind, phase, decisive line and the nearest entries of the public
+prints per log its class, kind, stage, decisive line and the nearest entries of the public
 corpus (``tasks/failure_corpus``) with their threads; ``--tsv`` prints
 ``PATH<TAB>CLASS<TAB>KIND<TAB>SIGNATURE`` per log instead (CLASS ``healthy`` for a healthy log).
 """
@@ -842,9 +842,11 @@ def _parts_arg(s: str) -> tuple[str, ...]:
 
 
 def _report(path: str, c: Classification, near: list) -> str:
-    """The human report of one log: class, kind, phase, decisive line, nearest corpus entries."""
+    """The human report of one log: class, kind, stage (the startup stage its decisive line falls
+    in, :data:`PHASE_NAMES`; not ``--phase``'s lifecycle vocabulary), decisive line, nearest
+    corpus entries."""
     path = strip_control(path.replace("\r", " "))
-    out = [f"{path}", f"  class:    {c.failure_class}", f"  kind:     {c.kind}", f"  phase:    {c.phase or '-'}",
+    out = [f"{path}", f"  class:    {c.failure_class}", f"  kind:     {c.kind}", f"  stage:    {c.phase or '-'}",
            f"  decisive: {c.line.strip()[:MAX_SIGNATURE_CHARS] or '-'}", f"  signature: {c.signature}"]
     if near:
         out.append("  nearest corpus entries (tasks/failure_corpus):")
@@ -886,7 +888,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     A failure-corpus entry file (``tasks/failure_corpus/<part>/<id>.yaml``) is read as its
     ``log`` field with its ``exit_code`` (:func:`_read_log`), and its expected class is shown.
 
-    Prints, per log, the class, kind, phase, decisive line and the nearest entries of the
+    Prints, per log, the class, kind, stage, decisive line and the nearest entries of the
     public corpus with their threads; ``--tsv`` prints ``PATH<TAB>CLASS<TAB>KIND<TAB>SIGNATURE``
     instead (one line per log, for scripts).
     """
@@ -894,7 +896,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("logs", nargs="+", metavar="LOG", help="server log file(s)")
     p.add_argument("--exit-code", type=_exit_code_arg, default=None,
                    help="exit code the parent saw (int, or 'none' = still running)")
-    p.add_argument("--phase", choices=["preflight", "startup", "warmup", "bench", "teardown"], default=None)
+    p.add_argument("--phase", choices=["preflight", "startup", "warmup", "bench", "teardown"], default=None,
+                   help="the lifecycle phase the trial failed in, as the harness names it (default: read from the "
+                        "log); the report's 'stage' is the startup stage the decisive line falls in")
     sp = p.add_mutually_exclusive_group()
     sp.add_argument("--speedup", type=float, default=None,
                     help="speculative trial's decode speedup over the baseline (a healthy log <= 1.0 is spec_decode_no_speedup)")

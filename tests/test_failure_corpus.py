@@ -224,7 +224,7 @@ def test_cli_prints_class_kind_phase_decisive_line_and_nearest_links(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "class:    nccl_init_system_error" in out and "kind:     infra" in out and "phase:    weights" in out
+    assert "class:    nccl_init_system_error" in out and "kind:     infra" in out and "stage:    weights" in out
     assert "decisive: RuntimeError: NCCL error: unhandled system error" in out
     assert "https://github.com/" in out.split("nearest corpus entries", 1)[1]
 
