@@ -265,3 +265,95 @@ def test_a_compiler_warning_in_the_custom_all_reduce_header_is_not():  # a guard
            "warning: variable 'rank' set but not used [-Wunused-but-set-variable]\n"
            "INFO:     Application startup complete.\n")
     assert classify(log).failure_class != "custom_allreduce_graph_error"
+
+
+# ------------------------------------------------------------------ test10 read
+_REPORT = ("============ Serving Benchmark Result ============\n"
+           "Successful requests:                     200       \n"
+           "Failed requests:                         0         \n"
+           "Benchmark duration (s):                  207.09    \n"
+           "Output token throughput (tok/s):         123.62    \n")
+
+
+def test_a_benchmark_report_with_zero_failed_requests_is_healthy():
+    # vllm bench serve's result table (vllm-project/vllm-ascend#12577, as posted)
+    assert classify(_REPORT).failure_class == "healthy"
+
+
+def test_a_benchmark_report_with_failed_requests_is_not():  # a guard of the rule above
+    c = classify(_REPORT.replace("0         \n", "3         \n", 1))
+    assert c.failure_class != "healthy" and c.line.startswith("Failed requests:"), c
+
+
+_PYDANTIC = ("(APIServer pid=1)     s.__pydantic_validator__.validate_python(ArgsKwargs(args, kwargs), self_instance=s)\n"
+             "(APIServer pid=1) pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+             "(APIServer pid=1)   Value error, {msg} [type=value_error, input_value=ArgsKwargs((), {{'model': ...\n")
+
+
+def test_a_validation_errors_header_is_what_its_message_says():
+    # vLLM's pydantic ModelConfig on vllm-ascend (vllm-project/vllm-ascend#4206, as posted)
+    log = _PYDANTIC.format(msg="Model architectures ['Qwen3NextForCausalLM'] failed to be inspected. "
+                               "Please check the logs for more details.")
+    assert classify(log).failure_class == "model_load_error"
+
+
+def test_a_validation_error_about_a_setting_is_still_the_settings():  # a guard of the rule above
+    log = _PYDANTIC.format(msg="max_num_batched_tokens (2048) must be greater than or equal to max_num_seqs (4096).")
+    assert classify(log).failure_class == "server_args_incompatible"
+
+
+def test_an_error_that_refuses_a_mode_and_names_the_setting_to_use_is_the_config():
+    # a model's own assertion (vllm-project/vllm#33808, a vLLM maintainer's log, as posted)
+    log = ("(EngineCore_DP0 pid=1961908) ERROR 02-04 17:11:02 [core.py:966]   File \"/home/u/vllm/vllm/model_executor/"
+           "models/voxtral_realtime.py\", line 229, in __init__\n"
+           "(EngineCore_DP0 pid=1961908) ERROR 02-04 17:11:02 [core.py:966]     not vllm_config.compilation_config."
+           "cudagraph_mode.has_full_cudagraphs()\n"
+           "(EngineCore_DP0 pid=1961908) ERROR 02-04 17:11:02 [core.py:966] AssertionError: Voxtral realtime doesn't "
+           "support full cudagraphs yet. Please use PIECEWISE.\n")
+    assert classify(log).failure_class == "server_args_incompatible"
+
+
+def test_a_gpu_it_does_not_support_is_no_setting():  # a guard of the rule above
+    log = "RuntimeError: FlashAttention does not support Turing GPUs yet. Please use the xformers backend.\n"
+    assert classify(log).failure_class != "server_args_incompatible"
+
+
+def test_the_api_servers_engine_handshake_timing_out_is_a_startup_timeout():
+    # vLLM's wait_for_engine_startup on vllm-ascend (vllm-project/vllm-ascend#3800, as posted)
+    log = ("(ApiServer_0 pid=26419)   File \"/vllm-workspace/vllm/vllm/v1/engine/core_client.py\", line 496, in __init__\n"
+           "(ApiServer_0 pid=26419)     raise TimeoutError(\"Timed out waiting for engines to send\"\n"
+           "(ApiServer_0 pid=26419) TimeoutError: Timed out waiting for engines to sendinitial message on input socket.\n")
+    assert classify(log).failure_class == "startup_timeout"
+
+
+def test_the_engines_own_rpc_timeout_is_still_its_hang_detector():  # a guard of the rule above
+    log = "(EngineCore pid=7) ERROR TimeoutError: Timed out waiting for execute_model of the workers (collective_rpc)\n"
+    assert classify(log).failure_class == "engine_hang_detected"
+
+
+def test_an_ascend_c_kernels_own_assert_is_a_device_side_assert():
+    # CANN 8.1's gather_v3 kernel under vllm-ascend after serving (vllm-project/vllm-ascend#1127, as posted)
+    log = ('INFO:     127.0.0.1:55330 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+           "(RayWorkerWrapper pid=1954) [ASSERT] [CANN_VERSION : 8.1.RC1][TimeStamp : 0] /home/slave1/Ascend/8.1.RC1/"
+           "opp/built-in/op_impl/ai_core/tbe/impl/dynamic/../ascendc/gather_v3/gather_v3_base.h:137: Assertion "
+           "`(0 <= val && val < this->gxSize_)' Index 4096 out of range[0 4096)!\n"
+           "(RayWorkerWrapper pid=1954) [rank2]:[W611 13:31:09.562926627 compiler_depend.ts:57] Warning: EZ9999: "
+           "Inner Error!\n")
+    c = classify(log)
+    assert (c.failure_class, c.kind) == ("device_side_assert", "deterministic"), c
+
+
+def test_a_host_programs_assert_is_not():  # a guard of the rule above
+    log = "server: /src/scheduler.cpp:88: void run(): Assertion `queue.size() > 0' failed.\nAborted (core dumped)\n"
+    assert classify(log).failure_class != "device_side_assert"
+
+
+def test_tgis_warmup_running_out_of_memory_is_an_oom():
+    # TGI's warmup re-raising the allocator's OOM (huggingface/text-generation-inference#1067, as posted)
+    log = ("  File \"/opt/conda/lib/python3.9/site-packages/text_generation_server/models/flash_causal_lm.py\", line 755, "
+           "in warmup\n    raise RuntimeError(\n"
+           "RuntimeError: Not enough memory to handle 4096 prefill tokens. You need to decrease "
+           "`--max-batch-prefill-tokens`\n\n"
+           "2023-09-26T21:48:00.969072Z ERROR text_generation_launcher: Method Warmup encountered an error.\n")
+    c = classify(log)
+    assert (c.failure_class, c.kind) == ("cuda_oom_runtime", "transient"), c
