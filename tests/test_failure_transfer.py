@@ -357,3 +357,45 @@ def test_tgis_warmup_running_out_of_memory_is_an_oom():
            "2023-09-26T21:48:00.969072Z ERROR text_generation_launcher: Method Warmup encountered an error.\n")
     c = classify(log)
     assert (c.failure_class, c.kind) == ("cuda_oom_runtime", "transient"), c
+
+
+# ------------------------------------------------------------------ test11 read
+_STEP_TIMEOUT = ("(EngineCore_DP0 pid=18052) ERROR 02-03 22:43:35 [core.py:968]     raise TimeoutError\n"
+                 "(EngineCore_DP0 pid=18052) ERROR 02-03 22:43:35 [core.py:968] TimeoutError\n"
+                 "(EngineCore_DP0 pid=18052) ERROR 02-03 22:43:35 [core.py:968]\n"
+                 "(EngineCore_DP0 pid=18052) ERROR 02-03 22:43:35 [core.py:968] The above exception was the direct "
+                 "cause of the following exception:\n"
+                 "(EngineCore_DP0 pid=18052) ERROR 02-03 22:43:35 [core.py:968] Traceback (most recent call last):\n"
+                 "(EngineCore_DP0 pid=18052) ERROR 02-03 22:43:35 [core.py:968]   File \"/usr/local/lib/python3.12/"
+                 "dist-packages/vllm/v1/engine/core.py\", line 986, in run_busy_loop\n"
+                 "(EngineCore_DP0 pid=18052) ERROR 02-03 22:43:35 [core.py:968]     self._process_engine_step()\n"
+                 "(EngineCore_DP0 pid=18052) ERROR 02-03 22:43:35 [core.py:968]   File \"/usr/local/lib/python3.12/"
+                 "dist-packages/vllm/v1/engine/core.py\", line 1019, in _process_engine_step\n"
+                 "(EngineCore_DP0 pid=18052) ERROR 02-03 22:43:35 [core.py:968]     outputs, model_executed = "
+                 "self.step_fn()\n")
+
+
+def test_a_bare_timeout_that_failed_the_engines_step_is_its_hang_detector():
+    # vLLM's engine core, its wait's own frames cut off (vllm-project/vllm#33802, a maintainer's CI log)
+    assert classify(_STEP_TIMEOUT).failure_class == "engine_hang_detected"
+
+
+def test_a_bare_timeout_elsewhere_is_not():  # a guard of the rule above
+    log = ("Traceback (most recent call last):\n  File \"/app/client.py\", line 12, in main\n    wait()\n"
+           "TimeoutError\n")
+    assert classify(log).failure_class != "engine_hang_detected"
+
+
+def test_torchs_allocator_over_a_memory_fraction_is_an_oom():
+    # TGI's warmup on torch's allocator with a per-process fraction (huggingface/text-generation-inference#563)
+    log = ("thread 'main' panicked at 'Unable to warmup model: Generation(\"Allocation on device 0 would exceed allowed "
+           "memory. (out of memory)\\nCurrently allocated     : 16.08 GiB\\nRequested               : 4.88 GiB\")'\n"
+           "2023-07-07T17:55:43.805488Z ERROR text_generation_launcher: Webserver Crashed\nError: WebserverFailed\n")
+    assert classify(log).failure_class == "cuda_oom_runtime"
+
+
+def test_trt_llms_executor_without_gpu_memory_is_an_oom():
+    # TensorRT-LLM's executor creation (NVIDIA/TensorRT-LLM#5872, as posted)
+    log = ("[07/08/2025-19:47:15] [TRT-LLM] [RANK 1] [E] Failed to initialize executor on rank 1: Executor creation "
+           "failed due to insufficient GPU memory.\n")
+    assert classify(log).failure_class == "cuda_oom_runtime"
