@@ -84,9 +84,10 @@ _NCCL_LVL = re.compile(r"\bNCCL (?P<lvl>INFO|WARN|ERROR|TRACE)\b")
 _FRAME = re.compile(r"^\s*File \"[^\"]*\", line \d+|^\s*File \"|^\s+\^+\s*$|^\s*\.\.\.\s*$|^\s*\[Previous line repeated")
 _TB = re.compile(r"Traceback \(most recent call last\)")
 #: A word that says something failed; never a count of failures that is zero (a benchmark's
-#: "Failed requests:   0", "errors=0"): a report that nothing failed is no failure.
+#: "Failed requests:   0", "errors=0", '"failed": 0', "| failed | 0 |", "failed: 0/200") nor
+#: vegeta's empty "Error Set:" header: a report that nothing failed is no failure.
 ERRORISH = re.compile(r"\b(?:error|fail(?:ed|ure)?|fatal|exception|abort(?:ed)?|timed? ?out|refused|denied)"
-                      r"\b(?![\w ]{0,30}[:=]\s*0+(?:\.0+)?\s*(?:$|[,;|)]))", re.I | re.M)
+                      r"\b(?![\w ]{0,30}\"?\s*[:=|]\s*0+(?:\.0+)?(?:/\d+)?\s*(?:$|[,;|)}]))(?! [Ss]et:\s*$)", re.I | re.M)
 
 
 @dataclass(frozen=True)

@@ -693,9 +693,10 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     captured = vllm_log and "captured" in log.reached
     # an unknown always quotes a line (its signature groups repeats): the first fatal event, else
     # where a cut traceback stopped (its innermost frame), else the last error-ish line the server
-    # did not serve past, else the last line (for a trial: the harness's own verdict). A warning
-    # served past is no failure's line (vLLM's fd-limit advice at start would name every later one)
-    passed = d is not None and v.severity[d] < ERROR and _served_after(log, d, past_all=False)
+    # did not serve past, else the last line (for a trial: the harness's own verdict). A warning or
+    # an error the server served past (vLLM's fd-limit advice at start, one request's failed
+    # preprocessing) is no later failure's line: it would name every one of them alike
+    passed = d is not None and v.severity[d] < FATAL and _served_after(log, d, past_all=False)
     decisive = lines[d] if d is not None and not passed else lines[crash_line] if crash_line is not None \
         else _last_unserved(log, ERRORISH)
     fatal = d is not None and v.severity[d] == FATAL and not _HARNESS.match(v.body(d))

@@ -6,7 +6,10 @@ show where a rule stops; each test fails without its rule.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from tasks.failures import KIND, classify
 
@@ -399,3 +402,31 @@ def test_trt_llms_executor_without_gpu_memory_is_an_oom():
     log = ("[07/08/2025-19:47:15] [TRT-LLM] [RANK 1] [E] Failed to initialize executor on rank 1: Executor creation "
            "failed due to insufficient GPU memory.\n")
     assert classify(log).failure_class == "cuda_oom_runtime"
+
+
+
+# ------------------------------------------------------------------ an adversary's logs
+# Logs an adversary wrote in real engines' formats against the test9-test11 rules
+# (tests/data/adversary_logs.yaml): where a rule fired wrongly ("not": anything but that class) or
+# missed a real variant of its wording. Crafted, not posted: each is a guard of the rule it names.
+_ADVERSARY = yaml.safe_load((Path(__file__).parent / "data" / "adversary_logs.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", _ADVERSARY, ids=[c["name"] for c in _ADVERSARY])
+def test_an_adversarys_log(case):
+    got = classify(case["log"], case["exit_code"], case["phase"])
+    if "not" in case:
+        assert got.failure_class != case["not"], got
+    else:
+        assert got.failure_class == case["want"], got
+
+def test_an_error_the_server_served_past_is_not_the_line_a_later_stall_quotes():
+    sv = "(APIServer pid=5026) "
+    verdict = "[servesweep] bench: stream stalled: no data for 10 s after 412 chunks"
+    log = "\n".join([sv + "INFO:     Application startup complete.",
+                     sv + "ERROR 12-05 07:34:10 [serving_chat.py:222] Error in preprocessing prompt inputs",
+                     sv + 'INFO:     127.0.0.1:40300 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request',
+                     sv + 'INFO:     127.0.0.1:40312 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+                     "", verdict])
+    c = classify(log, None, "bench")
+    assert (c.failure_class, c.line) == ("bench_stall", verdict), c
