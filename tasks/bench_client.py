@@ -259,47 +259,35 @@ async def stream_request(session: aiohttp.ClientSession, base_url: str, protocol
     Raises:
         BenchError: ``stall`` when no byte arrives for ``timeout_s`` or the stream runs past
             ``t_end``; ``http`` on an error status or message; ``connection`` when the server is
-            gone (a request lost before any response is sent once more first: a pooled
-            keep-alive connection can be closed by the server just as it is reused); ``short``
-            on fewer tokens than ``max_tokens``.
+            gone; ``short`` on fewer tokens than ``max_tokens``.
     """
     body = protocol.body(prompt_ids, max_tokens)
+    events: list[tuple[float, str]] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_s, sock_connect=min(timeout_s, 10.0))
-    for attempt in range(2):
-        events: list[tuple[float, str]] = []
-        responded = False
-        t_send = time.perf_counter()
-        try:
-            async with session.post(base_url + protocol.path, json=body, timeout=timeout) as r:
-                responded = True
-                if r.status != 200:
-                    text = (await r.text())[:200]
-                    raise BenchError(f"{protocol.path} returned HTTP {r.status}: {text}", "http")
-                buf = b""
-                async for data in r.content.iter_any():
-                    t = time.perf_counter()
-                    payloads, buf = sse_payloads(buf + data)
-                    events += [(t, p) for p in payloads]
-                    if t_end is not None and time.monotonic() > t_end:
-                        raise BenchError("benchmark exceeded its time limit (backend.timeouts.bench_s) after "
-                                         f"{len(events)} chunks", "stall")
-                if buf.strip():
-                    payloads, _ = sse_payloads(buf + b"\n\n")
-                    events += [(time.perf_counter(), p) for p in payloads]
-                t_stream_end = time.perf_counter()
-            break
-        except TimeoutError:
-            raise BenchError(f"stream stalled: no data for {timeout_s:.0f} s after {len(events)} chunks",
-                             "stall") from None
-        except aiohttp.ClientError as e:
-            if not responded and attempt == 0:
-                # lost before any response: a keep-alive connection the server closed as this request
-                # reused it ("Can not write request body", ServerDisconnectedError). Sent once more,
-                # on another connection; a server that is gone refuses that one too
-                continue
-            # the errno and the peer say which loss it was (refused, reset, payload cut short)
-            raise BenchError(f"connection lost after {len(events)} chunks: {type(e).__name__}: {str(e)[:200]}",
-                             "connection") from None
+    t_send = time.perf_counter()
+    try:
+        async with session.post(base_url + protocol.path, json=body, timeout=timeout) as r:
+            if r.status != 200:
+                text = (await r.text())[:200]
+                raise BenchError(f"{protocol.path} returned HTTP {r.status}: {text}", "http")
+            buf = b""
+            async for data in r.content.iter_any():
+                t = time.perf_counter()
+                payloads, buf = sse_payloads(buf + data)
+                events += [(t, p) for p in payloads]
+                if t_end is not None and time.monotonic() > t_end:
+                    raise BenchError("benchmark exceeded its time limit (backend.timeouts.bench_s) after "
+                                     f"{len(events)} chunks", "stall")
+            if buf.strip():
+                payloads, _ = sse_payloads(buf + b"\n\n")
+                events += [(time.perf_counter(), p) for p in payloads]
+            t_stream_end = time.perf_counter()
+    except TimeoutError:
+        raise BenchError(f"stream stalled: no data for {timeout_s:.0f} s after {len(events)} chunks", "stall") from None
+    except aiohttp.ClientError as e:
+        # the errno and the peer say which loss it was (refused, reset, payload cut short)
+        raise BenchError(f"connection lost after {len(events)} chunks: {type(e).__name__}: {str(e)[:200]}",
+                         "connection") from None
     rec = protocol.record(t_send, [(t, p) for t, p in events if p != "[DONE]"])
     rec.t_stream_end = next((t for t, p in events if p == "[DONE]"), t_stream_end)
     if rec.completion_tokens < max_tokens:
@@ -307,11 +295,19 @@ async def stream_request(session: aiohttp.ClientSession, base_url: str, protocol
     return rec
 
 
+#: Seconds an idle connection is kept for reuse. Below uvicorn's default ``timeout_keep_alive``
+#: (5 s, uvicorn/config.py; vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, SGLang's default): a
+#: connection the server may be closing at that instant is never reused, so a request is never
+#: lost writing to it ("Can not write request body"). vLLM's ``bench serve`` keeps 60 s; within a
+#: benchmark a connection is reused at once, so only a pause (load loading, a slow warmup) differs.
+KEEPALIVE_S = 4.0
+
+
 def connector(concurrency: int) -> aiohttp.TCPConnector:
     """A keep-alive connector holding at most ``concurrency`` connections (vLLM's
-    serve.py:826-834; at least 1)."""
+    serve.py:826-834; at least 1), each kept idle at most :data:`KEEPALIVE_S`."""
     n = max(1, int(concurrency))
-    return aiohttp.TCPConnector(limit=n, limit_per_host=n, keepalive_timeout=60, force_close=False)
+    return aiohttp.TCPConnector(limit=n, limit_per_host=n, keepalive_timeout=KEEPALIVE_S, force_close=False)
 
 
 async def measure(base_url: str, spec: BenchSpec, protocol: StreamProtocol,

@@ -9,9 +9,11 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -201,37 +203,71 @@ def test_no_tokenizer_counts_one_token_per_text_chunk_and_trusts_usage(tmp_path)
 
 class DroppingOpenAI(FakeOpenAI):
     """Drops a request with no answer (aborts its connection after reading it), as a server does
-    that closes a kept-alive connection just as the client reuses it: the first ``drops``
-    requests that arrive on a connection that served before (``reused_only``), or on any."""
+    that closes a kept-alive connection just as the client reuses it: every request (``idle_s``
+    None), or one arriving on a connection idle longer than ``idle_s`` since its last answer."""
 
-    def __init__(self, root: Path, drops: int, reused_only: bool = True):
+    def __init__(self, root: Path, idle_s: float | None = None):
         super().__init__(root)
-        self.drops, self.reused_only, self.dropped = drops, reused_only, 0
+        self.idle_s, self.dropped, self.answered_at = idle_s, 0, {}
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         peer = request.transport.get_extra_info("peername")
-        if self.dropped < self.drops and (peer in self.peers or not self.reused_only):
+        last = self.answered_at.get(peer)
+        if self.idle_s is None or (last is not None and time.monotonic() - last > self.idle_s):
             await request.read()
             self.dropped += 1
             request.transport.abort()
             return web.Response()
-        return await super().completions(request)
+        resp = await super().completions(request)
+        self.answered_at[peer] = time.monotonic()
+        return resp
 
 
-def test_a_request_dropped_before_any_answer_is_sent_once_more(tmp_path):
-    fake = DroppingOpenAI(tmp_path, drops=1)
-    with serve(fake) as url:
-        m, recs = run_benchmark(url, SPEC)
-    assert fake.dropped == 1 and m["completed"] == 16 and all(r.completion_tokens == 24 for r in recs)
-    assert len(fake.bodies) == 17  # every request answered once: the dropped one on its second sending
-
-
-def test_a_server_that_drops_every_request_is_a_lost_connection_after_one_more_try(tmp_path):
-    fake = DroppingOpenAI(tmp_path, drops=10**6, reused_only=False)
+def test_a_request_the_server_drops_is_a_lost_connection_that_names_its_cause(tmp_path):
+    fake = DroppingOpenAI(tmp_path)
     with serve(fake) as url, pytest.raises(BenchError) as e:
         run_benchmark(url, SPEC)
-    assert e.value.kind == "connection" and "after 0 chunks: ServerDisconnectedError" in str(e.value), str(e.value)
-    assert fake.dropped == 2 and not fake.bodies  # the warm-up sent twice, then the benchmark stopped
+    assert e.value.kind == "connection" and "after 0 chunks: ServerDisconnectedError: " in str(e.value), str(e.value)
+    assert fake.dropped == 1 and not fake.bodies  # sent once: a benchmark request is never replayed
+
+
+@pytest.mark.parametrize("keepalive_s, lost", [(0.2, False), (60.0, True)])
+def test_a_connection_idle_past_the_keepalive_is_not_reused(tmp_path, monkeypatch, keepalive_s, lost):
+    # a server closing connections idle longer than 0.5 s (uvicorn's timeout_keep_alive, scaled):
+    # a client keeping them alive longer reuses one the server drops
+    from tasks import bench_client
+
+    monkeypatch.setattr(bench_client, "KEEPALIVE_S", keepalive_s)
+    fake = DroppingOpenAI(tmp_path, idle_s=0.5)
+    protocol = CompletionsProtocol(model="tiny")
+
+    async def two_requests_a_pause_apart():
+        async with aiohttp.ClientSession(connector=bench_client.connector(1)) as session:
+            await bench_client.stream_request(session, url, protocol, [1, 2, 3], 4, 10.0)
+            await asyncio.sleep(0.8)
+            return await bench_client.stream_request(session, url, protocol, [1, 2, 3], 4, 10.0)
+
+    with serve(fake) as url:
+        if lost:
+            with pytest.raises(BenchError) as e:
+                asyncio.run(two_requests_a_pause_apart())
+            assert e.value.kind == "connection" and fake.dropped == 1
+        else:
+            assert asyncio.run(two_requests_a_pause_apart()).completion_tokens == 4 and fake.dropped == 0
+
+
+def test_the_client_lets_go_of_idle_connections_before_uvicorn_closes_them():
+    from tasks import bench_client
+
+    async def keepalive() -> float:
+        conn = bench_client.connector(4)
+        try:
+            return conn._keepalive_timeout  # noqa: SLF001 - aiohttp has no public accessor
+        finally:
+            await conn.close()
+
+    # uvicorn's timeout_keep_alive default (uvicorn/config.py), which vLLM and SGLang keep
+    assert asyncio.run(keepalive()) == bench_client.KEEPALIVE_S < 5.0
 
 
 def test_error_chunk_and_http_error(tmp_path):
