@@ -37,7 +37,7 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.slow
 
 #: the share of the measured creation window the kill instants are spread over (see the test)
-CREATING_SHARE = 0.65
+CREATING_SHARE = 0.95
 #: kill instants (20 by the issue; SERVESWEEP_KILL_INSTANTS=<n> for a quicker look on a loaded machine)
 KILLS = int(os.environ.get("SERVESWEEP_KILL_INSTANTS", "20"))
 FAST = ["backend=instant", "sweep=smoke", "sweep.budget.trials=1", "sweep.budget.wall_time_s=null",
@@ -202,9 +202,10 @@ def test_sigkill_at_20_instants_of_a_fresh_stores_creation_then_the_same_command
           f"runs {', '.join(f'{r:.1f}' for _, r in ref)} s)")
     n = KILLS
     # evenly spaced over the window: the middles of its n equal slices (0 = the lock just taken) of
-    # the part of it a creation reliably spends creating. Its end moves by about a third with what
-    # the other lane is doing (measured: a 13.0 s window, and every kill after +9.4 s found the
-    # store complete), so the slices cover CREATING_SHARE of it.
+    # CREATING_SHARE of it. Its steps move with what the other lane is doing (measured: in a 13.0 s
+    # window every kill after +9.4 s found the store complete; in a 1.9 s one MLflow's step began at
+    # +0.6 s in one run and after +1.2 s in another), so the kills cover nearly all of it and up to
+    # two in five may land after the store is complete
     instants = [CREATING_SHARE * window * (i + 0.5) / n for i in range(n)]
     with ThreadPoolExecutor(lanes) as pool:
         seen = list(pool.map(lambda i: _kill_then_rerun(i, instants[i], tmp_path, env, args, revisions), range(n)))
@@ -230,10 +231,10 @@ def test_sigkill_at_20_instants_of_a_fresh_stores_creation_then_the_same_command
     # the kills landed inside the creation, spread over it, in the order of their instants. Spread:
     # every one of its steps met a kill (the lock held, then optuna, rules, mlflow:
     # sweeps.run.stores._create_all), or five of its stages did. On a fast machine (a 2 s window)
-    # MLflow's whole migration falls past CREATING_SHARE and the short rules step is met; on a slow
-    # one (13 s) the kills meet several of MLflow's revisions and can step over the rules
+    # MLflow's whole migration is one step met by a few kills and the short rules step is met; on a
+    # slow one (13 s) the kills meet several of MLflow's revisions and can step over the rules
     inside = [s for s in seen if s["stage"] != "complete"]
-    assert len(inside) >= 0.8 * n, [(s["at"], s["stage"]) for s in seen]
+    assert len(inside) >= 0.6 * n, [(s["at"], s["stage"]) for s in seen]
     steps = {s["stage"].split()[0] for s in inside}  # "optuna done" -> optuna, "mlflow @rev (k/N)" -> mlflow
     stages = {s["stage"] for s in inside}
     assert len(steps) >= min(4, max(1, n // 5)) or len(stages) >= min(5, max(1, n - 1)), \
