@@ -10,7 +10,9 @@ How requests are sent, as vLLM 0.32's ``vllm bench serve`` sends them
 of that release) and SGLang 0.5.23's ``sglang/benchmark/serving.py``:
 
 * One event loop, one ``aiohttp.ClientSession`` whose keep-alive connector holds at most
-  ``concurrency`` connections (serve.py:826-834): a request reuses an idle connection.
+  ``concurrency`` connections (serve.py:826-834): a request reuses an idle connection. One
+  difference: an idle connection is kept :data:`KEEPALIVE_S` (4 s), not vLLM's 60 s, so that one
+  the server is closing (uvicorn's 5 s) is never reused.
 * The clock starts right before the POST, after the body is built (endpoint_request_func.py:228,
   serving.py:342); connection acquisition and the body's encoding are inside TTFT, as theirs.
 * Per received read (``iter_any``, endpoint_request_func.py:244) only its arrival time and bytes are
