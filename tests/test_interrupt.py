@@ -53,7 +53,13 @@ def test_ctrl_c_stops_gracefully_and_resumes(tmp_path):
     recs = records.load_records(study)
     assert not [r for r in recs if r.state == "RUNNING"]
     interrupted = [r for r in recs if r.status == "interrupted"]
-    assert interrupted and all(r.state == "FAIL" for r in interrupted), [(r.number, r.state, r.status) for r in recs]
+    seen = [(r.number, r.state, r.status) for r in recs]
+    assert all(r.state == "FAIL" for r in interrupted), seen
+    # a trial running at the Ctrl-C is torn down and recorded interrupted (failed, its config
+    # re-queued), unless it finished meanwhile: then it keeps its own result (LoopDriver.interrupt).
+    # Seen in CI under load: a trial mid-benchmark outlived Ray's cancel and finished 9 s later
+    launched = [r for r in recs if r.launched]
+    assert launched and all(r.status in ("interrupted", "ok", "failed") for r in launched), seen
     findings = (store / "findings" / "smoke.md")
     assert findings.exists() and findings.stat().st_mtime >= t_start
 
