@@ -12,7 +12,8 @@ of that release) and SGLang 0.5.23's ``sglang/benchmark/serving.py``:
 * One event loop, one ``aiohttp.ClientSession`` whose keep-alive connector holds at most
   ``concurrency`` connections (serve.py:826-834): a request reuses an idle connection. One
   difference: an idle connection is kept :data:`KEEPALIVE_S` (4 s), not vLLM's 60 s, so that one
-  the server is closing (uvicorn's 5 s) is never reused.
+  the server is closing (uvicorn's 5 s) is not reused; a request lost before any response is
+  sent once more (:func:`stream_request`).
 * The clock starts right before the POST, after the body is built (endpoint_request_func.py:228,
   serving.py:342); connection acquisition and the body's encoding are inside TTFT, as theirs.
 * Per received read (``iter_any``, endpoint_request_func.py:244) only its arrival time and bytes are
@@ -261,35 +262,47 @@ async def stream_request(session: aiohttp.ClientSession, base_url: str, protocol
     Raises:
         BenchError: ``stall`` when no byte arrives for ``timeout_s`` or the stream runs past
             ``t_end``; ``http`` on an error status or message; ``connection`` when the server is
-            gone; ``short`` on fewer tokens than ``max_tokens``.
+            gone (a request lost before any response is sent once more first: under load a
+            kept-alive connection is seen closed as it is reused, "Can not write request body",
+            even within :data:`KEEPALIVE_S`); ``short`` on fewer tokens than ``max_tokens``.
     """
     body = protocol.body(prompt_ids, max_tokens)
-    events: list[tuple[float, str]] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_s, sock_connect=min(timeout_s, 10.0))
-    t_send = time.perf_counter()
-    try:
-        async with session.post(base_url + protocol.path, json=body, timeout=timeout) as r:
-            if r.status != 200:
-                text = (await r.text())[:200]
-                raise BenchError(f"{protocol.path} returned HTTP {r.status}: {text}", "http")
-            buf = b""
-            async for data in r.content.iter_any():
-                t = time.perf_counter()
-                payloads, buf = sse_payloads(buf + data)
-                events += [(t, p) for p in payloads]
-                if t_end is not None and time.monotonic() > t_end:
-                    raise BenchError("benchmark exceeded its time limit (backend.timeouts.bench_s) after "
-                                     f"{len(events)} chunks", "stall")
-            if buf.strip():
-                payloads, _ = sse_payloads(buf + b"\n\n")
-                events += [(time.perf_counter(), p) for p in payloads]
-            t_stream_end = time.perf_counter()
-    except TimeoutError:
-        raise BenchError(f"stream stalled: no data for {timeout_s:.0f} s after {len(events)} chunks", "stall") from None
-    except aiohttp.ClientError as e:
-        # the errno and the peer say which loss it was (refused, reset, payload cut short)
-        raise BenchError(f"connection lost after {len(events)} chunks: {type(e).__name__}: {str(e)[:200]}",
-                         "connection") from None
+    for attempt in range(2):
+        events: list[tuple[float, str]] = []
+        responded = False
+        t_send = time.perf_counter()
+        try:
+            async with session.post(base_url + protocol.path, json=body, timeout=timeout) as r:
+                responded = True
+                if r.status != 200:
+                    text = (await r.text())[:200]
+                    raise BenchError(f"{protocol.path} returned HTTP {r.status}: {text}", "http")
+                buf = b""
+                async for data in r.content.iter_any():
+                    t = time.perf_counter()
+                    payloads, buf = sse_payloads(buf + data)
+                    events += [(t, p) for p in payloads]
+                    if t_end is not None and time.monotonic() > t_end:
+                        raise BenchError("benchmark exceeded its time limit (backend.timeouts.bench_s) after "
+                                         f"{len(events)} chunks", "stall")
+                if buf.strip():
+                    payloads, _ = sse_payloads(buf + b"\n\n")
+                    events += [(time.perf_counter(), p) for p in payloads]
+                t_stream_end = time.perf_counter()
+            break
+        except TimeoutError:
+            raise BenchError(f"stream stalled: no data for {timeout_s:.0f} s after {len(events)} chunks",
+                             "stall") from None
+        except aiohttp.ClientError as e:
+            if not responded and attempt == 0:
+                # lost before any response: a keep-alive connection the server closed as this request
+                # reused it ("Can not write request body", ServerDisconnectedError). Sent once more,
+                # on another connection; a server that is gone refuses that one too
+                continue
+            # the errno and the peer say which loss it was (refused, reset, payload cut short)
+            raise BenchError(f"connection lost after {len(events)} chunks: {type(e).__name__}: {str(e)[:200]}",
+                             "connection") from None
     rec = protocol.record(t_send, [(t, p) for t, p in events if p != "[DONE]"])
     rec.t_stream_end = next((t for t, p in events if p == "[DONE]"), t_stream_end)
     if rec.completion_tokens < max_tokens:
@@ -299,8 +312,8 @@ async def stream_request(session: aiohttp.ClientSession, base_url: str, protocol
 
 #: Seconds an idle connection is kept for reuse. Below uvicorn's default ``timeout_keep_alive``
 #: (5 s, uvicorn/config.py; vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, SGLang's default): a
-#: connection the server may be closing at that instant is never reused, so a request is never
-#: lost writing to it ("Can not write request body"). vLLM's ``bench serve`` keeps 60 s; within a
+#: connection the server may be closing at that instant is not reused ("Can not write request
+#: body"; under load it is still seen, hence the one resend). vLLM's ``bench serve`` keeps 60 s; within a
 #: benchmark a connection is reused at once, so only a pause (load loading, a slow warmup) differs.
 KEEPALIVE_S = 4.0
 
