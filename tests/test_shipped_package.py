@@ -23,14 +23,18 @@ print(json.dumps({"tasks": tasks.__file__, "parts": list(tasks.failure_corpus.PA
 """
 
 
-def _shipped_copy(dest: Path) -> Path:
-    """The tracked files of the checkout less CODE_EXCLUDES, matched as Ray matches them."""
+def shipped_files() -> list[str]:
+    """What Ray packs for a node: the tracked files of the checkout (Ray honours .gitignore) less
+    CODE_EXCLUDES, matched as Ray matches them (pathspec's gitwildmatch); paths relative to REPO."""
     skip = pathspec.PathSpec.from_lines("gitwildmatch", CODE_EXCLUDES)
     files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    for f in (f for f in files.split("\0") if f and not skip.match_file(f)):
-        if (REPO / f).is_file():
-            (dest / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / f, dest / f)
+    return [f for f in files.split("\0") if f and not skip.match_file(f) and (REPO / f).is_file()]
+
+
+def _shipped_copy(dest: Path) -> Path:
+    for f in shipped_files():
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, dest / f)
     return dest
 
 

@@ -25,10 +25,10 @@ import pytest
 import sqlalchemy as sa
 from mlflow.tracking import MlflowClient
 
-from sweeps.run.ray_auth import CODE_EXCLUDES
 from sweeps.store import records as trial_records
 from tests.conftest import REPO
 from tests.team import PG_BIN, MlflowServer, Postgres, RayCluster, bare_python
+from tests.test_shipped_package import shipped_files
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
@@ -313,14 +313,8 @@ def test_runtime_env_ships_the_code_to_a_node_without_it(team, tmp_path):
     pushed = re.search(r"Pushing file package '[^']+' \(([\d.]+)MiB\)", outs["ship"][1])
     if pushed:  # the first job with this content uploads it; a later one (same hash) reuses the stored package
         mib = float(pushed.group(1))
-    else:  # what the package holds: the tracked files (Ray honours .gitignore) less the excludes,
-        # matched as Ray matches them (pathspec's gitwildmatch)
-        import pathspec
-
-        skip = pathspec.PathSpec.from_lines("gitwildmatch", CODE_EXCLUDES)
-        files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True).stdout
-        mib = sum((REPO / f).stat().st_size for f in files.split("\0")
-                  if f and (REPO / f).is_file() and not skip.match_file(f)) / 2**20
+    else:  # what the package holds
+        mib = sum((REPO / f).stat().st_size for f in shipped_files()) / 2**20
     assert mib < 5, outs["ship"][1][-2000:]  # well under Ray's 512 MiB cap
     print(f"\nshipped package: {mib:.2f} MiB")
 
