@@ -430,3 +430,64 @@ def test_an_error_the_server_served_past_is_not_the_line_a_later_stall_quotes():
                      "", verdict])
     c = classify(log, None, "bench")
     assert (c.failure_class, c.line) == ("bench_stall", verdict), c
+
+
+# ------------------------------------------------------------------ test12 read
+# A measured result is evidence the work ran, whatever ran it: a test's or an eval's result
+# lines make a log with warnings and no engine ready line healthy, as a serving report does.
+_DEEPEP = ("/DeepEP-test/nvshmem_src/src/host/transport/transport.cpp:nvshmemi_transport_init:282: init failed for "
+           "transport: IBGDA\n"
+           "WARN: device mlx5_3 cannot allocate buffer on the specified memory type. Skipping...\n"
+           "[rank 7] Dispatch + combine bandwidth: {bw} GB/s, avg_t=222.52 us, min_t=217.31 us, max_t=228.74 us\n"
+           "[rank 6] Dispatch + combine bandwidth: {bw} GB/s, avg_t=222.27 us, min_t=215.90 us, max_t=229.50 us\n")
+
+
+def test_a_tests_measured_bandwidth_after_warnings_is_healthy():
+    # DeepEP's intranode test (deepseek-ai/DeepEP#303, as posted)
+    assert classify(_DEEPEP.format(bw="99.09")).failure_class == "healthy"
+
+
+def test_a_bandwidth_of_zero_is_no_evidence():  # a guard of the rule above
+    assert classify(_DEEPEP.format(bw="0.00")).failure_class != "healthy"
+
+
+_NCCL_ROWS = ("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n"
+              "         512           128     float     sum      -1    18.30    0.03    0.03      {w}    19.42    0.03    0.03      0\n"
+              "        1024           256     float     sum      -1    19.97    0.05    0.05      {w}    19.67    0.05    0.05      0\n")
+
+
+def test_nccl_tests_rows_with_no_wrong_result_are_healthy():
+    # an all_reduce_perf sweep (NVIDIA/nccl-tests#293, as posted)
+    assert classify(_NCCL_ROWS.format(w="0")).failure_class == "healthy"
+
+
+def test_nccl_tests_rows_with_wrong_results_are_not():  # a guard of the rule above
+    assert classify(_NCCL_ROWS.format(w="4")).failure_class != "healthy"
+
+
+def test_an_evals_output_throughput_is_healthy():
+    # SGLang's few-shot eval output in a pull request (sgl-project/sglang#21392, as posted)
+    log = "Accuracy: 0.954\nInvalid: 0.000\nLatency: 196.836 s\nOutput throughput: 514.743 token/s\n"
+    assert classify(log).failure_class == "healthy"
+
+
+def test_a_runtime_allocation_call_out_of_memory_is_an_oom():
+    # llama.cpp's HIP build (ggml-org/llama.cpp#16725, as posted)
+    log = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 14136.04 MiB on device 0: cudaMalloc failed: out "
+           "of memory\n"
+           "graph_reserve: failed to allocate compute buffers\n"
+           "main: exiting due to model loading error\n")
+    assert classify(log).failure_class == "cuda_oom_runtime"
+
+
+def test_pinned_host_memory_out_of_memory_is_not_a_gpu_oom():  # a guard of the rule above
+    log = "ggml_cuda_host_malloc: failed to allocate 512.00 MiB of pinned memory: cudaMallocHost failed: out of memory\n"
+    assert classify(log).failure_class != "cuda_oom_runtime"
+
+
+def test_a_gguf_with_an_unknown_architecture_is_a_model_load_error():
+    # llama.cpp's server (ggml-org/llama.cpp#28050, as posted)
+    log = ("0.00.148.150 E llama_model_load: error loading model: unknown model architecture: ''\n"
+           "0.00.148.154 E llama_model_load_from_file_impl: failed to load model\n"
+           "0.00.148.906 E srv  llama_server: exiting due to model loading error\n")
+    assert classify(log, 1).failure_class == "model_load_error"
