@@ -491,3 +491,82 @@ def test_a_gguf_with_an_unknown_architecture_is_a_model_load_error():
            "0.00.148.154 E llama_model_load_from_file_impl: failed to load model\n"
            "0.00.148.906 E srv  llama_server: exiting due to model loading error\n")
     assert classify(log, 1).failure_class == "model_load_error"
+
+
+# ------------------------------------------------------------------ test13 read
+def test_nvshmems_queue_pair_and_endpoint_connect_failures_are_network_errors():
+    # DeepEP's low-latency test over RoCE (deepseek-ai/DeepEP#17, as posted)
+    log = ("Allocating buffer size: 2116.2912 MB ...\n"
+           "/root/nvshmem_src/src/modules/transport/ibgda/ibgda.cpp:1345: non-zero status: 121 Error in "
+           "mlx5dv_devx_obj_modify for INIT2RTR_QP with syndrome 29e0df\n"
+           "/root/nvshmem_src/src/modules/transport/ibgda/ibgda.cpp:3005: non-zero status: 7 ibgda_rc_init2rtr failed "
+           "on RC #0.\n"
+           "/root/nvshmem_src/src/host/transport/transport.cpp:400: non-zero status: 7 connect EPS failed\n"
+           "/root/nvshmem_src/src/host/init/init.cu:1001: non-zero status: 7\n\nnvshmem setup connections failed\n")
+    assert classify(log).failure_class == "nccl_network_error"
+
+
+def test_nvshmems_transport_warning_alone_is_no_network_error():  # a guard of the rule above
+    log = ("/DeepEP/nvshmem_src/src/host/transport/transport.cpp:nvshmemi_transport_init:282: init failed for "
+           "transport: IBGDA\n"
+           "WARN: Failed to initialize all selected devices. Perf may be limited.\n")
+    assert classify(log).failure_class != "nccl_network_error"
+
+
+def test_a_kernel_assert_whose_message_runs_onto_the_next_line_is_a_device_side_assert():
+    # ATen's IndexKernel under SGLang's draft graph capture (Tencent/AngelSlim#16, as posted)
+    log = ("/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:93: operator(): block: [0,0,0], thread: [127,0,0] "
+           "Assertion '-sizes[i] < index && index < sizes [1] &&\n"
+           "\"index out of bounds\"' failed.\n"
+           "Capturing batches (bs=1 avail_mem=7.44 GB): 0% | | 0/2 [00:00<?, ?it/s]\n")
+    assert classify(log).failure_class == "device_side_assert"
+
+
+def test_a_kernels_block_and_thread_without_an_assertion_are_not():  # a guard of the rule above
+    log = ("kernel.cu:40: debug_dump: block: [0,0,0], thread: [3,0,0] value=7\n"
+           "RuntimeError: something else went wrong\n")
+    assert classify(log).failure_class != "device_side_assert"
+
+
+def test_a_kernel_not_implemented_for_a_gpu_generation_is_an_arch_verdict():
+    # vLLM 0.10 on an RTX 5090 (vllm-project/vllm#16515, as posted)
+    log = ("  File \"/usr/local/lib/python3.12/dist-packages/vllm/_custom_ops.py\", line 727, in cutlass_scaled_mm\n"
+           "    torch.ops._C.cutlass_scaled_mm(out, a, b, scale_a, scale_b, bias)\n"
+           "RuntimeError: Currently, block scaled fp8 gemm is not implemented for Blackwell\n")
+    assert classify(log).failure_class == "unsupported_arch_kernel"
+
+
+def test_a_generation_named_beside_a_fallback_is_not():  # a guard of the rule above
+    log = ("INFO 08-06 00:24:01 [cuda.py:290] Using FlashAttention backend.\n"
+           "WARNING 08-06 00:24:02 [fp8.py:88] CUTLASS block fp8 is not supported on Blackwell, falling back to Triton\n"
+           "INFO 08-06 00:25:10 [api_server.py:1800] Starting vLLM API server on http://0.0.0.0:8000\n"
+           "INFO:     Application startup complete.\n")
+    assert classify(log).failure_class == "healthy"
+
+
+def test_a_gguf_with_tensors_its_engine_does_not_know_is_a_model_load_error():
+    # ollama's llama.cpp runner (ollama/ollama#6998, as posted)
+    log = ("llm_load_tensors: ggml ctx size =    0.13 MiB\n"
+           "llama_model_load: error loading model: done_getting_tensors: wrong number of tensors; expected 255, got 254\n"
+           "llama_load_model_from_file: exception loading model\n"
+           "terminate called after throwing an instance of 'std::runtime_error'\n")
+    assert classify(log).failure_class == "model_load_error"
+
+
+def test_a_gguf_loader_out_of_buffer_memory_is_not_a_model_load_error():  # a guard of the rule above
+    log = "llama_model_load: error loading model: unable to allocate CUDA0 buffer\n"
+    assert classify(log).failure_class != "model_load_error"
+
+
+_TRTLLM_BENCH = ("Total Token Throughput (tokens/sec):              {tps}\n"
+                 "Total Latency (ms):                               120736.4401\n"
+                 "Average request latency (ms):                     53522.9014\n")
+
+
+def test_trtllm_benchs_report_is_healthy():
+    # trtllm-bench's report (NVIDIA/TensorRT-LLM#6294, as posted)
+    assert classify(_TRTLLM_BENCH.format(tps="38762.1169")).failure_class == "healthy"
+
+
+def test_trtllm_benchs_report_of_nothing_is_not():  # a guard of the rule above
+    assert classify(_TRTLLM_BENCH.format(tps="0.0000")).failure_class != "healthy"
