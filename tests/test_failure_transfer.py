@@ -570,3 +570,66 @@ def test_trtllm_benchs_report_is_healthy():
 
 def test_trtllm_benchs_report_of_nothing_is_not():  # a guard of the rule above
     assert classify(_TRTLLM_BENCH.format(tps="0.0000")).failure_class != "healthy"
+
+
+# ------------------------------------------------------------------ test14 read
+_LLAMA_TIMINGS = ("slot update_slots: id  0 | task 0 | prompt done, n_past = 51, n_tokens = 51\n"
+                  "slot      release: id  0 | task 0 | stop processing: n_past = 325, truncated = 0\n"
+                  "prompt eval time =     915.13 ms /    {n} tokens (   17.94 ms per token,    55.73 tokens per second)\n"
+                  "       eval time =   23038.87 ms /   {n} tokens (   83.78 ms per token,    11.94 tokens per second)\n")
+
+
+def test_llama_cpps_request_timings_are_work_done():
+    # llama-server (ggml-org/llama.cpp#9013, as posted)
+    assert classify(_LLAMA_TIMINGS.format(n="51")).failure_class == "healthy"
+
+
+def test_llama_cpps_timings_of_no_token_are_not():  # a guard of the rule above
+    assert classify(_LLAMA_TIMINGS.format(n="0")).failure_class != "healthy"
+
+
+_OLD_NCCL_ROWS = ("[1,0]<stdout>:           8             2   float     sum    93.26    0.00    0.00  {e}    51.12    0.00    0.00  2e-07\n"
+                  "[1,0]<stdout>:          16             4   float     sum    53.46    0.00    0.00  {e}    44.64    0.00    0.00  1e-07\n")
+
+
+def test_old_nccl_tests_rows_with_a_tiny_max_error_under_mpirun_are_work_done():
+    # nccl-tests of NCCL 2.x printing the max error (NVIDIA/nccl#513, as posted)
+    assert classify(_OLD_NCCL_ROWS.format(e="2e-07")).failure_class == "healthy"
+
+
+def test_old_nccl_tests_rows_with_a_large_error_are_not():  # a guard of the rule above
+    assert classify(_OLD_NCCL_ROWS.format(e="3e+01")).failure_class != "healthy"
+
+
+def test_nccls_proxy_connect_as_the_last_error_of_an_internal_error_is_a_network_error():
+    # vLLM's Ray workers across two nodes (vllm-project/vllm#798, as posted)
+    tag = "(LLMEngine pid=2347640, ip=10.58.226.15) "
+    log = "".join(tag + x + "\n" for x in ("ncclInternalError: Internal check failed.", "Last error:",
+                                           "Proxy Call to rank 7 failed (Connect)"))
+    assert classify(log).failure_class == "nccl_network_error"
+
+
+def test_a_proxy_connect_beside_a_crash_of_its_own_is_not():  # a guard of the rule above
+    log = ("RuntimeError: CUDA error: an illegal memory access was encountered\n"
+           "ncclInternalError: Internal check failed.\nLast error:\nProxy Call to rank 7 failed (Connect)\n")
+    assert classify(log).failure_class != "nccl_network_error"
+
+
+def test_a_clicks_unknown_option_is_a_cli_error():
+    # trtllm-serve's click CLI (NVIDIA/TensorRT-LLM#3583, as posted)
+    log = ("Usage: trtllm-serve [OPTIONS] MODEL\nTry 'trtllm-serve --help' for help.\n\n"
+           "Error: No such option: --ep (Possible options: --help, --pp, --tp)\n")
+    assert classify(log, 2).failure_class == "cli_arg_error"
+
+
+def test_an_error_naming_an_option_mid_sentence_is_not_a_cli_error():  # a guard of the rule above
+    log = "RuntimeError: Error: Invalid value for the KV cache size computed at startup\n"
+    assert classify(log).failure_class != "cli_arg_error"
+
+
+def test_a_kernel_refusing_below_an_arch_bound_is_an_arch_verdict():
+    # Triton under vLLM with an fp8 KV cache (vllm-project/vllm#7714, as posted)
+    log = ("  File \"/usr/local/lib/python3.10/dist-packages/triton/language/semantic.py\", line 1241, in cast\n"
+           "    assert builder.options.allow_fp8e4nv, \"fp8e4nv data type is not supported on CUDA arch < 89\"\n"
+           "AssertionError: fp8e4nv data type is not supported on CUDA arch < 89\n")
+    assert classify(log).failure_class == "unsupported_arch_kernel"
