@@ -155,6 +155,40 @@ def test_among_equal_gains_the_draw_changes_the_knob_seen_to_matter():
     assert len(_picks(space, recs, incumbent, None)) > 1
 
 
+def test_among_equal_gains_a_knob_seen_to_change_nothing_at_the_anchor_is_changed_last():
+    """The far landscape's waste: g differed between the baseline and a seed that also changed d
+    and s (which alone moved the baseline little), so its fitted range is the widest; but a trial
+    that moved only g from the incumbent
+    measured the same value. The incumbent's untried neighbours g=4 and d=3 are both unseen levels
+    (equal gain): d=3 comes first on every seed, where the fitted ranges alone pick g=4."""
+    from sweeps.config.objective import ObjectiveSet
+    from sweeps.search.untried import level_model
+
+    space = parse_space({"g": {"type": "categorical", "choices": [1, 2, 3, 4]},
+                         "d": {"type": "categorical", "choices": [1, 2, 3]},
+                         "s": {"type": "categorical", "choices": [1, 2]}}, [])
+    objs = ObjectiveSet.from_config("decode_tok_s", "maximize")
+    recs = _recs([({"g": 1, "d": 1, "s": 1}, 80.0), ({"g": 2, "d": 2, "s": 2}, 100.0),
+                  ({"g": 3, "d": 2, "s": 2}, 100.0), ({"g": 1, "d": 2, "s": 1}, 81.0), ({"g": 1, "d": 1, "s": 2}, 81.0)])
+    model = level_model(recs, objs)
+    incumbent = {"g": 2, "d": 2, "s": 2}
+    assert model.gain({**incumbent, "g": 4}, incumbent) == model.gain({**incumbent, "d": 3}, incumbent)
+    fitted, here = model.knob_ranges(), model.knob_ranges(incumbent)
+    assert fitted["g"] > fitted["d"] > 0 and here["g"] == 0.0 and here["d"] == fitted["d"]
+    assert _picks(space, recs, incumbent, model) == {records.config_key({**incumbent, "d": 3})}
+
+
+def test_a_direct_difference_at_the_anchor_never_raises_a_knobs_range():
+    from sweeps.config.objective import ObjectiveSet
+    from sweeps.search.untried import level_model
+
+    objs = ObjectiveSet.from_config("decode_tok_s", "maximize")
+    model = level_model(_recs([({"a": 1, "b": 1}, 80.0), ({"a": 2, "b": 1}, 100.0), ({"a": 2, "b": 2}, 60.0)]), objs)
+    near = {"a": 2, "b": 1}
+    assert model.knob_ranges(near) == model.knob_ranges()  # both direct differences exceed the fitted ranges
+    assert model.knob_ranges({"a": 3, "b": 1}) == model.knob_ranges()  # an anchor never measured: fitted only
+
+
 def test_the_level_model_of_a_minimised_objective_and_of_no_trial():
     from sweeps.config.objective import ObjectiveSet
     from sweeps.search.untried import LevelModel, level_model

@@ -12,8 +12,9 @@ or a silently degraded allreduce level. Among those, the one NEAREST the sampler
 spending launches on a uniform draw. Among equally near candidates an additive surrogate of the
 study's measurements (:class:`LevelModel`: main effects plus an exploration bonus) ranks them, so
 the draw changes knobs that were seen to matter or barely tried first; among equal gains, a knob
-whose tried levels differed (:meth:`LevelModel.knob_ranges`); then the seeded order. "Exhausted"
-means nothing untried and feasible is left.
+whose tried levels differed and that was not seen to make no difference at the anchor itself
+(:meth:`LevelModel.knob_ranges`); then the seeded order. "Exhausted" means nothing untried and
+feasible is left.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -109,11 +110,12 @@ class UntriedDraw:
         after :data:`SAMPLE_DRAWS` draws otherwise). Among equally near candidates, the one whose
         new levels are worth most to ``model`` (:meth:`LevelModel.gain`) comes first; among equal
         gains (typically untried levels of different knobs), the one changing a knob whose tried
-        levels were seen to differ most (:meth:`LevelModel.knob_ranges`); then the seeded order."""
+        levels were seen to differ most at ``near`` (:meth:`LevelModel.knob_ranges`); then the seeded
+        order."""
         cands: Iterator[dict[str, Any]] | list[dict[str, Any]] = self._candidates()
         if near:
             gain = model.gain if model is not None else (lambda c, n: 0.0)
-            ranges = model.knob_ranges() if model is not None else {}
+            ranges = model.knob_ranges(near) if model is not None else {}
 
             def key(c: Mapping[str, Any]) -> tuple[int, float, float]:
                 moved = max((ranges.get(k, 0.0) for k, v in c.items() if near.get(k) != v), default=0.0)
@@ -136,6 +138,8 @@ class LevelModel:
             ``minimize`` so higher is better).
         counts: ``{(knob, repr(level)): rankable trials that ran the level}``.
         spread: standard deviation of those trials' values (objective units; 0 with none).
+        measured: the rankable trials themselves, ``({knob: repr(level)}, value)`` in the same
+            units, for the direct comparisons of :meth:`knob_ranges`.
 
     :meth:`gain` scores a candidate by its new levels' effects plus an optimism bonus that shrinks
     with each level's count (an upper confidence bound, :data:`EXPLORE_KAPPA`). Among equally near
@@ -148,6 +152,7 @@ class LevelModel:
     effects: Mapping[tuple[str, str], float]
     counts: Mapping[tuple[str, str], int]
     spread: float
+    measured: tuple[tuple[Mapping[str, str], float], ...] = field(default=(), compare=False)
 
     def effect(self, knob: str, level: Any) -> float:
         """Main effect of ``knob=level`` (objective units; 0 for a level no rankable trial ran)."""
@@ -157,18 +162,46 @@ class LevelModel:
         """Optimism for ``knob=level``: ``EXPLORE_KAPPA x spread / sqrt(1 + trials at the level)``."""
         return EXPLORE_KAPPA * self.spread / math.sqrt(1 + self.counts.get((knob, repr(level)), 0))
 
-    def knob_ranges(self) -> dict[str, float]:
+    def knob_ranges(self, near: Mapping[str, Any] | None = None) -> dict[str, float]:
         """``{knob: max - min of the main effects of its tried levels}`` (objective units; 0 for a
-        knob with one tried level). The draw's tie-break among equal gains: two untried levels of
-        two knobs earn the same optimism, and the knob whose levels were seen to differ is the one
-        more likely to hold the next gain. On the campaign landscape of
-        benchmarks/sweep_efficiency.py the first draw after the seeds ties ``nccl_algo=Ring`` with
-        the untried graph sizes (both unseen, gain 4.76 each); the graph size differed between the
-        baseline and the EAGLE-3 seed, NCCL's algorithm never did."""
+        knob with one tried level), lowered to what the knob was seen to change at ``near``.
+
+        The draw's tie-break among equal gains: two untried levels of two knobs earn the same
+        optimism, and the knob whose levels were seen to differ is the one more likely to hold the
+        next gain. On the campaign landscape of benchmarks/sweep_efficiency.py the first draw after
+        the seeds ties ``nccl_algo=Ring`` with the untried graph sizes (both unseen, gain 4.76
+        each); the graph size differed between the baseline and the EAGLE-3 seed, NCCL's algorithm
+        never did.
+
+        The main effects are fit across trials that differ in many knobs at once, so a knob can
+        carry a difference that another knob made (the graph size shares the EAGLE-3 seed's
+        levels). Where a measured trial differs from ``near`` (itself measured) in that knob alone,
+        the knob's range is at most the largest such difference to ``near``'s mean value: a knob
+        seen to change nothing at the anchor is changed last there. On the ``far`` landscape (21
+        seeds) the draw otherwise ran every graph size around an EAGLE-3 incumbent whose graph size
+        had been swapped with no effect: median 7.27 -> 6.33 GPU-h, the other landscapes unchanged.
+        The direct difference only lowers a range: letting it raise one as well made the draw
+        return to the all-reduce the incumbent had just won with (``stale``, 21 seeds: 3.43 ->
+        3.80 GPU-h)."""
         levels: dict[str, list[float]] = {}
         for (knob, _), e in self.effects.items():
             levels.setdefault(knob, []).append(e)
-        return {k: max(es) - min(es) for k, es in levels.items()}
+        ranges = {k: max(es) - min(es) for k, es in levels.items()}
+        if near is None:
+            return ranges
+        anchor = {k: repr(v) for k, v in near.items()}  # measured levels are reprs
+        at = [v for p, v in self.measured if distance(p, anchor) == 0]
+        if not at:
+            return ranges
+        base = sum(at) / len(at)
+        seen: dict[str, float] = {}
+        for p, v in self.measured:
+            moved = [k for k in set(p) | set(anchor) if p.get(k) != anchor.get(k)]
+            if len(moved) == 1:
+                seen[moved[0]] = max(seen.get(moved[0], 0.0), abs(v - base))
+        for k, d in seen.items():
+            ranges[k] = min(ranges.get(k, d), d)
+        return ranges
 
     def gain(self, cand: Mapping[str, Any], near: Mapping[str, Any]) -> float:
         """Optimistic worth of the levels ``cand`` sets where it differs from ``near`` (objective
@@ -218,7 +251,7 @@ def level_model(records: Iterable[trial_records.TrialRecord], objectives: Object
     b = np.linalg.solve(x.T @ x + RIDGE_LAMBDA * np.eye(len(keys)), x.T @ y)
     counts = x.sum(axis=0)
     return LevelModel({key: float(b[col[key]]) for key in keys}, {key: int(counts[col[key]]) for key in keys},
-                      float(y.std()))
+                      float(y.std()), tuple((dict(levels), v) for levels, v in rows))
 
 
 def distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
