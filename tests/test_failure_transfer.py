@@ -452,8 +452,10 @@ def test_a_bandwidth_of_zero_is_no_evidence():  # a guard of the rule above
 
 
 _NCCL_ROWS = ("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n"
-              "         512           128     float     sum      -1    18.30    0.03    0.03      {w}    19.42    0.03    0.03      0\n"
-              "        1024           256     float     sum      -1    19.97    0.05    0.05      {w}    19.67    0.05    0.05      0\n")
+              "         512           128     float     sum      -1    18.30    0.03    0.03      {w}"
+              "    19.42    0.03    0.03      0\n"
+              "        1024           256     float     sum      -1    19.97    0.05    0.05      {w}"
+              "    19.67    0.05    0.05      0\n")
 
 
 def test_nccl_tests_rows_with_no_wrong_result_are_healthy():
@@ -588,8 +590,10 @@ def test_llama_cpps_timings_of_no_token_are_not():  # a guard of the rule above
     assert classify(_LLAMA_TIMINGS.format(n="0")).failure_class != "healthy"
 
 
-_OLD_NCCL_ROWS = ("[1,0]<stdout>:           8             2   float     sum    93.26    0.00    0.00  {e}    51.12    0.00    0.00  2e-07\n"
-                  "[1,0]<stdout>:          16             4   float     sum    53.46    0.00    0.00  {e}    44.64    0.00    0.00  1e-07\n")
+_OLD_NCCL_ROWS = ("[1,0]<stdout>:           8             2   float     sum    93.26    0.00    0.00  {e}"
+                  "    51.12    0.00    0.00  2e-07\n"
+                  "[1,0]<stdout>:          16             4   float     sum    53.46    0.00    0.00  {e}"
+                  "    44.64    0.00    0.00  1e-07\n")
 
 
 def test_old_nccl_tests_rows_with_a_tiny_max_error_under_mpirun_are_work_done():
