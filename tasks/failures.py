@@ -207,7 +207,7 @@ PHASE_NAMES = {None: "start", "dist_init": "distributed init", "dist_ready": "di
                "load": "weights", "loaded": "weights loaded", "compile": "torch.compile",
                "kv_cache": "KV cache", "capture": "graph capture", "captured": "graph capture done",
                "api_up": "API server up", "ready": "ready", "serving": "serving a batch",
-               "first_request": "first request"}
+               "first_request": "first request", "result": "results printed"}
 
 
 class _Log:
@@ -529,13 +529,18 @@ def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
     """The server served requests (SGLang's / vLLM's per-batch lines, a request answered) after
     line ``i`` and before the next fatal event (``past_all``: after every fatal event of the log):
     what line ``i`` reported (vLLM's shm-broadcast wait while a big model compiles, a kernel
-    falling back, one request's error) was survived, as a slow but healthy server does."""
+    falling back, one request's error) was survived, as a slow but healthy server does.
+
+    A measured result of the work (the ``result`` stage: a test's bandwidth, a benchmark's
+    throughput) counts after a warning or an error line, never after a fatal one: a test's stdout
+    can be flushed after its crash's traceback, where no server went on serving."""
     v, keys = log.view, log.view.keys
     start = i
     if past_all:
         start = max([i] + [j for j, s in enumerate(v.severity) if s == FATAL and not _HARNESS.match(v.body(j))])
+    served = ("first_request",) if v.severity[start] == FATAL else ("first_request", "result")
     for j in range(start + 1, len(keys)):
-        if log.form_stage[keys[j]] == "first_request":
+        if log.form_stage[keys[j]] in served:
             return True
         if v.severity[j] == FATAL and not _HARNESS.match(v.body(j)):
             return False
@@ -684,9 +689,11 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
             return _make(cls, lines[j], f"<{cls}>", PHASE_NAMES.get(crash_stage, ""))
 
     vllm_log = bool(_VLLM_LOG.search(log.text)) and not _SGLANG_LOG.search(log.text)
-    # ready: the engine's ready line, requests served, or (vLLM only) its API server up; never
-    # when our harness says the server did not become ready
-    ready = ("ready" in log.reached or "first_request" in log.reached or ("api_up" in log.reached and vllm_log))
+    # ready: the engine's ready line, requests served, a measured result of the work (a test's or a
+    # benchmark's, with no server line), or (vLLM only) its API server up; never when our harness
+    # says the server did not become ready
+    ready = ("ready" in log.reached or "first_request" in log.reached or "result" in log.reached
+             or ("api_up" in log.reached and vllm_log))
     # for a log alone, vLLM's graphs captured read as up too: the capture is the last step of its
     # engine's startup and its API server follows at once (SGLang still runs a warmup request
     # after it, which can hang)
@@ -723,7 +730,7 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         if stall is not None:  # requests running, no token made for the last metric lines
             return _make("bench_stall", lines[stall], "<bench_stall>", where)
         # reached ready, and nothing failed or the server served past what did
-        line = next((ln for ln, st in zip(lines, stages) if st in ("ready", "first_request")), "") or \
+        line = next((ln for ln, st in zip(lines, stages) if st in ("ready", "first_request", "result")), "") or \
             next((ln for ln, st in zip(lines, stages) if st == "api_up"), "") or \
             next((ln for ln, st in zip(lines, stages) if st == "captured"), "")
         return Classification(HEALTHY, HEALTHY, "<healthy: reached ready, no failure signature>", line, where)
