@@ -637,3 +637,57 @@ def test_a_kernel_refusing_below_an_arch_bound_is_an_arch_verdict():
            "    assert builder.options.allow_fp8e4nv, \"fp8e4nv data type is not supported on CUDA arch < 89\"\n"
            "AssertionError: fp8e4nv data type is not supported on CUDA arch < 89\n")
     assert classify(log).failure_class == "unsupported_arch_kernel"
+
+
+# ------------------------------------------------------------------ test15 read
+def test_a_tp_size_that_splits_a_quantized_weight_below_the_kernels_tile_is_the_config():
+    # vLLM's Marlin check (vllm-project/vllm#10913, as posted)
+    log = ("ERROR 12-04 19:54:40 engine.py:366] Weight input_size_per_partition = 448 is not divisible by min_thread_k "
+           "= 128. Consider reducing tensor_parallel_size or running with --quantization gptq.\n")
+    assert classify(log).failure_class == "server_args_incompatible"
+
+
+_V0_PROFILE = ("INFO 02-26 09:54:05 worker.py:267] model weights take 5.20GiB; non_torch_memory takes 0.03GiB; PyTorch "
+               "activation peak memory takes 1.42GiB; the rest of the memory reserved for KV Cache is {kv}GiB.\n"
+               "INFO 02-26 09:54:05 executor_base.py:111] # cuda blocks: {blocks}, # CPU blocks: 4681\n"
+               "INFO 02-26 09:54:05 executor_base.py:116] Maximum concurrency for 4096 tokens per request: {conc}x\n")
+
+
+def test_vllm_v0s_profile_leaving_no_kv_block_is_the_kv_budget():
+    # vLLM 0.7 on an 8 GiB GPU (vllm-project/vllm#13882, as posted)
+    assert classify(_V0_PROFILE.format(kv="-1.05", blocks="0", conc="0.00")).failure_class == "kv_cache_pool_too_small"
+
+
+def test_vllm_v0s_profile_with_kv_blocks_is_not():  # a guard of the rule above
+    got = classify(_V0_PROFILE.format(kv="1.05", blocks="2150", conc="8.40")).failure_class
+    assert got != "kv_cache_pool_too_small"
+
+
+def test_tgis_missing_weight_is_a_weights_error():
+    # TGI's weight loader (huggingface/text-generation-inference#2270, as posted)
+    log = ("  File \"/opt/conda/lib/python3.10/site-packages/text_generation_server/utils/weights.py\", line 206, in "
+           "get_filename\n    raise RuntimeError(f\"weight {tensor_name} does not exist\")\n"
+           "RuntimeError: weight lm_head.weight does not exist\n")
+    assert classify(log).failure_class == "model_weights_error"
+
+
+def test_xinferences_full_gpus_are_busy():
+    # Xinference launching a second model (xorbitsai/inference#1228, as posted)
+    log = ("2024-04-01 14:19:20,431 xinference.api.restful_api 1 ERROR    [address=0.0.0.0:30367, pid=66] No available "
+           "slot found for the model\n")
+    assert classify(log).failure_class == "gpu_busy"
+
+
+_ACCESS = ('INFO:     127.0.0.1:55504 - "GET / HTTP/1.1" {code}\n'
+           "INFO 07-07 20:12:44 metrics.py:295] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 "
+           "tokens/s, Running: 0 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 0.0%\n"
+           'INFO:     127.0.0.1:53798 - "POST /generate HTTP/1.1" {code}\n')
+
+
+def test_a_vllm_server_answering_404_for_routes_it_lacks_is_up():
+    # vLLM's OpenAI server asked for SGLang's routes (vllm-project/vllm#6194, as posted)
+    assert classify(_ACCESS.format(code="404 Not Found")).failure_class == "healthy"
+
+
+def test_a_server_answering_500_is_not_healthy():  # a guard of the rule above
+    assert classify(_ACCESS.format(code="500 Internal Server Error")).failure_class != "healthy"
