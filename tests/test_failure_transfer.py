@@ -691,3 +691,48 @@ def test_a_vllm_server_answering_404_for_routes_it_lacks_is_up():
 
 def test_a_server_answering_500_is_not_healthy():  # a guard of the rule above
     assert classify(_ACCESS.format(code="500 Internal Server Error")).failure_class != "healthy"
+
+
+# ------------------------------------------------------------------ test16 read
+def test_torchs_rendezvous_port_taken_is_not_the_servers_port():
+    # TGI's shards' torch.distributed store on 29500, its frames cut (huggingface/text-generation-inference#1156)
+    log = ("RuntimeError: The server socket has failed to listen on any local network address. The server socket has "
+           "failed to bind to [::]:29500 (errno: 98 - Address already in use).\n rank=0\n"
+           "2023-10-16T06:54:28.059380Z ERROR text_generation_launcher: Shard 0 failed to start\n"
+           "Error: ShardCannotStart\n")
+    c = classify(log, 1)
+    assert c.failure_class != "port_in_use" and c.kind != "infra", c
+
+
+def test_the_api_servers_own_port_taken_is_still_port_in_use():  # a guard of the rule above
+    log = ("INFO:     Started server process [812]\nINFO:     Waiting for application startup.\n"
+           "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use\n")
+    assert classify(log, 1).failure_class == "port_in_use"
+
+
+def test_claps_invalid_value_is_a_cli_error():
+    # TGI's Rust launcher (huggingface/text-generation-inference#1451, as posted)
+    log = ("error: invalid value 'True' for '--disable-custom-kernels'\n  [possible values: true, false]\n\n"
+           "For more information, try '--help'.\n")
+    assert classify(log, 2).failure_class == "cli_arg_error"
+
+
+def test_an_error_quoting_a_value_mid_line_is_not_a_cli_error():  # a guard of the rule above
+    log = "RuntimeError: engine error: invalid value 'nan' for 'logits' in the sampler\n"
+    assert classify(log).failure_class != "cli_arg_error"
+
+
+_EVALSCOPE = ("Benchmarking summary:\n+-----------------------------------+-----------+\n"
+              "| Succeed requests                  |  {ok}      |\n+-----------------------------------+-----------+\n"
+              "| Failed requests                   |    {failed}      |\n"
+              "+-----------------------------------+-----------+\n"
+              "| Output token throughput (tok/s)   |  589.434  |\n")
+
+
+def test_a_benchmark_tables_succeeded_requests_are_work_done():
+    # evalscope's perf summary against vLLM on ROCm (vllm-project/vllm#27776, as posted)
+    assert classify(_EVALSCOPE.format(ok="100", failed="0")).failure_class == "healthy"
+
+
+def test_a_benchmark_table_of_no_success_is_not():  # a guard of the rule above
+    assert classify(_EVALSCOPE.format(ok="0", failed="100")).failure_class != "healthy"
