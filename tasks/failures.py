@@ -501,14 +501,19 @@ _METRICS = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation
 STALL_LINES = 3
 
 
+#: A monitor polling the server (Prometheus scraping /metrics, a probe on /health or /ping, a
+#: client listing models): answered while the engine makes no token, so no sign of progress.
+_SCRAPE = re.compile(r'"GET /(?:metrics|health\w*|ping|v1/models)\S* HTTP/1\.[01]" \d{3}')
+
+
 def _stalled(v: LogView) -> int | None:
     """The first of the metric lines a log ends on when each of its last :data:`STALL_LINES`
     non-empty lines says requests are running and no token was made (the stream stopped while
     the server stayed up: bench_stall), else None."""
     seen, first = 0, None
     for j in range(len(v.lines) - 1, -1, -1):
-        if not v.lines[j].strip():
-            continue
+        if not v.lines[j].strip() or _SCRAPE.search(v.lines[j]):
+            continue  # a monitor's scrape between the metric lines makes no token
         m = _METRICS.search(v.lines[j])
         if not m or float(m.group(1)) or float(m.group(2)) or not int(m.group(3)):
             break

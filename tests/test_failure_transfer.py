@@ -671,28 +671,6 @@ def test_tgis_missing_weight_is_a_weights_error():
     assert classify(log).failure_class == "model_weights_error"
 
 
-def test_xinferences_full_gpus_are_busy():
-    # Xinference launching a second model (xorbitsai/inference#1228, as posted)
-    log = ("2024-04-01 14:19:20,431 xinference.api.restful_api 1 ERROR    [address=0.0.0.0:30367, pid=66] No available "
-           "slot found for the model\n")
-    assert classify(log).failure_class == "gpu_busy"
-
-
-_ACCESS = ('INFO:     127.0.0.1:55504 - "GET / HTTP/1.1" {code}\n'
-           "INFO 07-07 20:12:44 metrics.py:295] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 "
-           "tokens/s, Running: 0 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 0.0%\n"
-           'INFO:     127.0.0.1:53798 - "POST /generate HTTP/1.1" {code}\n')
-
-
-def test_a_vllm_server_answering_404_for_routes_it_lacks_is_up():
-    # vLLM's OpenAI server asked for SGLang's routes (vllm-project/vllm#6194, as posted)
-    assert classify(_ACCESS.format(code="404 Not Found")).failure_class == "healthy"
-
-
-def test_a_server_answering_500_is_not_healthy():  # a guard of the rule above
-    assert classify(_ACCESS.format(code="500 Internal Server Error")).failure_class != "healthy"
-
-
 # ------------------------------------------------------------------ test16 read
 def test_torchs_rendezvous_port_taken_is_not_the_servers_port():
     # TGI's shards' torch.distributed store on 29500, its frames cut (huggingface/text-generation-inference#1156)
