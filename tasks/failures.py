@@ -508,8 +508,9 @@ _SCRAPE = re.compile(r'"GET /(?:metrics|health\w*|ping|v1/models)\S* HTTP/1\.[01
 
 def _stalled(v: LogView) -> int | None:
     """The first of the metric lines a log ends on when each of its last :data:`STALL_LINES`
-    non-empty lines says requests are running and no token was made (the stream stopped while
-    the server stayed up: bench_stall), else None."""
+    non-empty lines (a monitor's scrapes between them aside, :data:`_SCRAPE`) says requests are
+    running and no token was made (the stream stopped while the server stayed up: bench_stall),
+    else None."""
     seen, first = 0, None
     for j in range(len(v.lines) - 1, -1, -1):
         if not v.lines[j].strip() or _SCRAPE.search(v.lines[j]):
