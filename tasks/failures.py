@@ -202,6 +202,10 @@ _POLLING = re.compile(r"\b(?:wait(?:ing)?|poll(?:ing)?|retry(?:ing)?)\b.{0,40}\b
                       re.I)
 #: How many polling lines make the evidence (one "waiting for ..." line is a step of a startup).
 POLLING_LINES = 2
+#: Stages whose line shows the server up or its work done, whatever the engine: its ready line, a
+#: request served, a measured result (a test's or a benchmark's, with no server line). vLLM's
+#: ``api_up`` counts too, in a vLLM log only (SGLang logs uvicorn's lines before its warmup).
+_UP_STAGES = ("ready", "first_request", "result")
 #: Human names of the startup milestones (``milestones`` of failure_signatures.yaml).
 PHASE_NAMES = {None: "start", "dist_init": "distributed init", "dist_ready": "distributed init done",
                "load": "weights", "loaded": "weights loaded", "compile": "torch.compile",
@@ -698,8 +702,7 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     # ready: the engine's ready line, requests served, a measured result of the work (a test's or a
     # benchmark's, with no server line), or (vLLM only) its API server up; never when our harness
     # says the server did not become ready
-    ready = ("ready" in log.reached or "first_request" in log.reached or "result" in log.reached
-             or ("api_up" in log.reached and vllm_log))
+    ready = any(s in log.reached for s in _UP_STAGES) or ("api_up" in log.reached and vllm_log)
     # for a log alone, vLLM's graphs captured read as up too: the capture is the last step of its
     # engine's startup and its API server follows at once (SGLang still runs a warmup request
     # after it, which can hang)
@@ -736,7 +739,7 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         if stall is not None:  # requests running, no token made for the last metric lines
             return _make("bench_stall", lines[stall], "<bench_stall>", where)
         # reached ready, and nothing failed or the server served past what did
-        line = next((ln for ln, st in zip(lines, stages) if st in ("ready", "first_request", "result")), "") or \
+        line = next((ln for ln, st in zip(lines, stages) if st in _UP_STAGES), "") or \
             next((ln for ln, st in zip(lines, stages) if st == "api_up"), "") or \
             next((ln for ln, st in zip(lines, stages) if st == "captured"), "")
         return Classification(HEALTHY, HEALTHY, "<healthy: reached ready, no failure signature>", line, where)
