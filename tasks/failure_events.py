@@ -26,7 +26,8 @@ Sources of the prefix formats: vLLM ``vllm/logger.py`` (``%(levelname)s %(asctim
 [%(filename)s:%(lineno)d]``, date format ``%m-%d %H:%M:%S``) and its process prefix
 (``vllm/utils`` ``_add_prefix``); SGLang ``srt/utils`` ``configure_logger`` (``[%(asctime)s%(
 prefix)s]``); torchrun ``--tee``/``--log-line-prefix-template`` (``[rank0]:``); NCCL
-``debug.cc`` (``%s:%d:%d [%d]``); the corpus (tasks/failure_corpus/dev).
+``debug.cc`` (``%s:%d:%d [%d]``); Ray's C++ log ``src/ray/util/logging.cc`` (``[%Y-%m-%d
+%H:%M:%S,%e %L %P %t]``); the corpus (tasks/failure_corpus/dev).
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ _VLLM_HDR = re.compile(r"^\s*(?P<lvl>INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\s+\
 _VLLM_SHORT = re.compile(r"^\s*(?P<lvl>INFO|WARNING|ERROR|DEBUG|CRITICAL)\s+(?:\d+\s+)?\[[\w./-]+:\d+\]\s?")
 _DASHLOG = re.compile(r"^\s*-?\s*[\w.<>]+\s+-\s+(?P<lvl>INFO|WARNING|ERROR|DEBUG|CRITICAL)\s+-\s")
 _SGLANG = re.compile(r"^\s*\[\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?P<proc>(?:\s+[A-Z]{2}\d+)*)\s*\]\s?")
+#: Ray's C++ log lines (src/ray/util/logging.cc, spdlog pattern ``[%Y-%m-%d %H:%M:%S,%e %L %P %t]``:
+#: level letter, pid, thread id), printed by the raylet, the GCS and the core workers of every
+#: Ray actor (vLLM's Ray executor): ``C`` is RAY_LOG(FATAL) / a failed RAY_CHECK, which aborts
+_RAYCPP = re.compile(r"^\s*\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:[.,]\d+)?\s+(?P<lvl>[TDIWEC])\s+(?P<proc>\d+)\s+\d+\]\s?")
 _RANK = re.compile(r"^\s*\[(?P<proc>rank\d+|default\d+|RANK\s*\d+)\]:\s?")
 _GLOG = re.compile(r"^\s*\[?(?P<lvl>[IWEF])\d{4}\s+\d{2}:\d{2}:\d{2}(?:\.\d+)?\s+(?:\d+\s+)?[\w./<>-]+:\d+\]\s?")
 _NCCL = re.compile(r"^\s*(?P<proc>[\w.-]+:\d+:\d+)\s+\[\d+\]\s?")
@@ -63,10 +68,10 @@ _CRI = re.compile(r"^\s*(?:stdout|stderr)\s+[FP]\s")
 #: ``WARN  PyProcess W-252-model-stderr: `` (its level is the stream's, stderr -> WARN, not the line's)
 _DJL = re.compile(r"^\s*(?:INFO|WARN|ERROR|DEBUG)\s+PyProcess\s+W-[\w.-]+-std(?:out|err):\s?")
 _PYLOG = re.compile(r"^\s*(?P<lvl>INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+(?:[\w.]+:)?\s*")
-_PREFIXES = (_QUOTE, _PIPE, _PROC, _DJL, _VLLM_HDR, _VLLM_SHORT, _DASHLOG, _SGLANG, _RANK, _GLOG, _NCCL, _ISO, _SYSLOG,
+_PREFIXES = (_QUOTE, _PIPE, _PROC, _DJL, _VLLM_HDR, _VLLM_SHORT, _DASHLOG, _RAYCPP, _SGLANG, _RANK, _GLOG, _NCCL, _ISO, _SYSLOG,
              _CRI, _PYLOG)
-_LEVEL = {"I": INFO, "W": WARN, "E": ERROR, "F": FATAL, "INFO": INFO, "DEBUG": INFO, "WARNING": WARN,
-          "WARN": WARN, "ERROR": ERROR, "CRITICAL": FATAL}
+_LEVEL = {"T": INFO, "D": INFO, "I": INFO, "W": WARN, "E": ERROR, "C": FATAL, "F": FATAL, "INFO": INFO, "DEBUG": INFO,
+          "WARNING": WARN, "WARN": WARN, "ERROR": ERROR, "CRITICAL": FATAL}
 
 _EXC = re.compile(r"^(?:[A-Za-z_][\w]*\.)*(?:(?=[A-Z])\w*(?:Error|Exception|Exit|Interrupt|Failure)|KeyError|AssertionError"
                   r"|OutOfMemoryError|SafetensorError|DistBackendError|DistStoreError|EngineDeadError"
@@ -78,7 +83,7 @@ _FATAL = re.compile(
     r"\bnvcc fatal|ptxas fatal|Ninja build failed|^FAILED: |^\S+: error: |^error: |"
     r"^\[(?:harness|dmesg)\]|Out of memory: Kill|oom-kill:|^Killed\s*$|NVRM: Xid|"
     r"No available shared memory broadcast block found|has been marked dead|died unexpectedly|"
-    r"\bfatal error\b|^Exception in thread|^Error: |^\s*Value error, ", re.I)
+    r"\bfatal error\b|^Exception in thread|^Error: |^\s*Value error, |^\s*Check failed: ", re.I)
 _WARN_BODY = re.compile(r"\b\w*Warning\b:|^\s*warnings\.warn\(")
 _NCCL_LVL = re.compile(r"\bNCCL (?P<lvl>INFO|WARN|ERROR|TRACE)\b")
 _FRAME = re.compile(r"^\s*File \"[^\"]*\", line \d+|^\s*File \"|^\s+\^+\s*$|^\s*\.\.\.\s*$|^\s*\[Previous line repeated")

@@ -56,7 +56,7 @@ class Signature:
         exit_codes: the row applies only for these exit codes (``None`` = still running
             or killed by the harness); ``None`` here means any exit code.
         stages: the row applies only when the decisive line falls in one of these startup
-            stages (see ``Tables.milestones``).
+            stages (see ``Tables.milestones``); None among them is a line before any milestone.
         check: name of a whole-log check (one of :data:`CHECK_NAMES`) used instead of
             patterns (the perf rows, e.g. throughput below the baseline).
         first_error: the row speaks only for the log's first error: its decisive line must not
@@ -152,9 +152,10 @@ def _row(i: int, row: Any, kinds: dict[str, str], stages: set[str]) -> Signature
 
 
 def _stages(where: str, st: Any, stages: set[str]) -> frozenset[str] | None:
-    """The ``stages`` guard of a row or a ``raised_in`` entry: milestone names, or None."""
-    if st is not None and (not isinstance(st, list) or not set(st) <= stages):
-        raise SignatureTableError(f"{where}.stages: expected milestone names from {sorted(stages)}, got {st!r}")
+    """The ``stages`` guard of a row or a ``raised_in`` entry: milestone names (null: a line
+    before any milestone), or None."""
+    if st is not None and (not isinstance(st, list) or not set(st) <= stages | {None}):
+        raise SignatureTableError(f"{where}.stages: expected milestone names from {sorted(stages)} or null, got {st!r}")
     return None if st is None else frozenset(st)
 
 

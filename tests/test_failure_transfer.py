@@ -714,3 +714,143 @@ def test_a_benchmark_tables_succeeded_requests_are_work_done():
 
 def test_a_benchmark_table_of_no_success_is_not():  # a guard of the rule above
     assert classify(_EVALSCOPE.format(ok="0", failed="100")).failure_class != "healthy"
+
+
+# ------------------------------------------------------------------ test17 read
+_RAY_FATAL = ("[2026-05-06 23:35:23,306 {lvl} 129 129] (raylet) experimental_mutable_object_provider.cc:154:\n"
+              "  An unexpected system state has occurred. You have likely discovered a bug in Ray.\n"
+              "  Check failed: object_manager_->WriteAcquire(info.local_object_id, total_data_size, nullptr,\n")
+
+
+def test_the_raylets_fatal_check_is_its_node_lost():
+    # vLLM pipeline-parallel on Ray, a worker node's raylet (ray-project/ray#63229, as posted)
+    c = classify(_RAY_FATAL.format(lvl="C"))
+    assert (c.failure_class, c.kind) == ("node_lost", "infra")
+    assert "(raylet)" in c.line
+
+
+def test_a_raylet_line_with_no_failed_check_is_not():  # a guard of the rule above
+    log = "[2026-05-06 23:35:23,306 I 129 129] (raylet) node_manager.cc:154: Raylet of id 12 started.\n"
+    assert classify(log).failure_class != "node_lost"
+
+
+_UP_THEN_CHECK = ("(APIServer pid=1) INFO:     Application startup complete.\n"
+                  "(EngineCore pid=107) INFO 04-03 12:10:43 [ray_executor.py:634] Using Ray's NCCL communicator.\n"
+                  "[2026-04-03 12:10:44,576 C 107 107] experimental_mutable_object_manager.cc:177:  An unexpected "
+                  "system state has occurred. You have likely discovered a bug in Ray. Please report this issue at "
+                  "https://github.com/ray-project/ray/issues. Check failed: RAY_PREDICT_TRUE(_left_ != _right_)  0 vs 0\n")
+
+
+def test_a_fatal_check_in_a_server_that_was_up_is_a_crash():
+    # vLLM's engine core on Ray compiled graphs, at the first request (ray-project/ray#62328, as posted)
+    assert classify(_UP_THEN_CHECK).failure_class == "server_crash"
+
+
+def test_a_fatal_check_before_the_server_was_up_is_not_a_crash_after_serving():  # a guard of the rule above
+    log = _UP_THEN_CHECK.split("\n", 1)[1]
+    assert classify(log).failure_class != "server_crash"
+
+
+def test_llama_cpps_http_socket_that_would_not_bind_is_its_port():
+    # llama-server under a one-click launcher (an uncited llama.cpp launcher thread, as posted)
+    log = ("build: 3923 (becfd387) with MSVC 19.29.30154.0 for x64\n"
+           "main: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080\n")
+    c = classify(log)
+    assert (c.failure_class, c.kind) == ("port_in_use", "infra")
+
+
+def test_nccls_socket_that_would_not_bind_is_not_the_port():  # a guard of the rule above
+    log = "node1:12:12 [0] NCCL WARN couldn't bind HTTP server socket for RAS on port 28028\n"
+    assert classify(log).failure_class != "port_in_use"
+
+
+_GO_KILLED = ("time=2024-10-18T11:09:09.594-06:00 level=INFO source=server.go:108 msg=\"system memory\" "
+              "total=\"16.0 GiB\" free=\"9.4 GiB\" free_swap=\"0 B\"\n"
+              "{served}Error: llama runner process has terminated: signal: killed\n")
+
+
+def test_a_go_supervisors_runner_killed_while_loading_is_the_host_oom_killer():
+    # ollama loading a 43 GiB model on a 16 GB machine (ollama/ollama#7255, as posted)
+    c = classify(_GO_KILLED.format(served=""))
+    assert (c.failure_class, c.kind) == ("host_oom_killed", "infra")
+
+
+def test_a_runner_killed_after_it_served_is_not_blamed_on_loading():  # a guard of the rule above
+    served = "main: server is listening on http://127.0.0.1:8080 - starting the main loop\n"
+    assert classify(_GO_KILLED.format(served=served)).failure_class != "host_oom_killed"
+
+
+_PIECEWISE = ("[2026-06-10 13:08:34 TP7] Piecewise CUDA Graph failed with error: {err}\n"
+              "Piecewise CUDA Graph is enabled by default as an experimental feature.\n"
+              "To work around this error, add --disable-piecewise-cuda-graph to your launch command.\n")
+
+
+def test_sglangs_piecewise_graph_failure_is_a_capture_failure():
+    # SGLang on MI350 after a refactor (sgl-project/sglang#27811, as posted)
+    err = "'TcPiecewiseForwardContext' object has no attribute 'num_tokens'"
+    assert classify(_PIECEWISE.format(err=err)).failure_class == "cuda_graph_capture_failed_other"
+
+
+def test_a_cuda_fault_the_piecewise_runner_quotes_keeps_its_class():  # a guard of the rule above
+    err = "CUDA error: an illegal memory access was encountered"
+    assert classify(_PIECEWISE.format(err=err)).failure_class == "cuda_illegal_memory_access"
+
+
+def test_dynamos_refusal_to_trace_is_the_compile_flag_against_the_model():
+    # SGLang's piecewise CUDA graphs on Qwen3.5 (sgl-project/sglang#19573, as posted)
+    log = ("[2026-02-28 15:04:30 TP0] Scheduler hit an exception: torch._dynamo.exc.Unsupported: Logger not "
+           "supported for non-export cases. To avoid graph breaks caused by logger in compile-mode, it is "
+           "recommended to disable logging by adding logging methods to config.ignore_logger_methods\n")
+    assert classify(log).failure_class == "server_args_incompatible"
+
+
+def test_dynamos_internal_error_wrapping_a_capture_error_is_not():  # a guard of the rule above
+    log = ("torch._dynamo.exc.InternalTorchDynamoError: RuntimeError: Cannot call CUDAGeneratorImpl::current_seed "
+           "during CUDA graph capture. Current cudaStreamCaptureStatus: cudaStreamCaptureStatusActive\n")
+    assert classify(log).failure_class != "server_args_incompatible"
+
+
+_TRT_FOLDED = ("E1103 02:59:01.152656 81041 backend_model.cc:553] ERROR: Failed to create instance: unexpected error "
+               "when creating modelInstanceState: [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, "
+               "n, mCudaSt\n"
+               "ream->get()): {err} (/app/tensorrt_llm/cpp/tensorrt_llm/runtime/tllmBuffers.h:112)\n")
+
+
+def test_tensorrt_llms_allocation_error_wrapped_mid_call_is_an_oom():
+    # Triton's TensorRT-LLM backend at startup (triton-inference-server/tensorrtllm_backend#260, as posted)
+    assert classify(_TRT_FOLDED.format(err="out of memory")).failure_class == "cuda_oom_runtime"
+
+
+def test_the_same_call_failing_otherwise_is_not_an_oom():  # a guard of the rule above
+    assert classify(_TRT_FOLDED.format(err="invalid argument")).failure_class != "cuda_oom_runtime"
+
+
+_LLAMA_SERVER = ("main: server is listening on http://127.0.0.1:8080 - starting the main loop\n"
+                 "srv  update_slots: all slots are idle\n"
+                 "srv  log_server_r: request: GET /props 127.0.0.1 200\n"
+                 "slot launch_slot_: id  0 | task 0 | processing task\n"
+                 "slot update_slots: id  0 | task 0 | kv cache rm [0, end)\n{tail}")
+
+
+def test_llama_cpps_server_listening_and_taking_a_task_is_healthy():
+    # llama-server (ggml-org/llama.cpp#14201, as posted)
+    assert classify(_LLAMA_SERVER.format(tail="")).failure_class == "healthy"
+
+
+def test_llama_cpps_server_that_then_aborts_is_not():  # a guard of the rule above
+    tail = "/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:75: CUDA error\nCUDA error: an illegal memory access was encountered\n"
+    assert classify(_LLAMA_SERVER.format(tail=tail)).failure_class == "cuda_illegal_memory_access"
+
+
+_CLIENT_REPORT = ("[2026-01-05|15:58:35] INFO     TTFT: 117.59 ms (p50:  95.63 ms, p90: 207.66 ms)\n"
+                  "[2026-01-05|15:58:35] INFO     Duration: 146.56 s\n"
+                  "[2026-01-05|15:58:35] INFO     Throughput:   {tps} token/s, 6.8232 req/s\n")
+
+
+def test_a_clients_throughput_in_tokens_per_second_is_work_done():
+    # mini-sglang's benchmark against SGLang's launch_server (sgl-project/mini-sglang#59, as posted)
+    assert classify(_CLIENT_REPORT.format(tps="2409")).failure_class == "healthy"
+
+
+def test_a_throughput_of_zero_is_not():  # a guard of the rule above
+    assert classify(_CLIENT_REPORT.format(tps="0")).failure_class != "healthy"
