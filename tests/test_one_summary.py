@@ -123,7 +123,11 @@ def test_counts_add_up_and_book_every_launch(swept):
     for r in probes:
         assert f"re-questioned by a probe (t{r.number}" in dead, dead
     assert c.answered == sum(c.by_reason.values())
-    assert c.launched == c.ok + c.failed + c.infra
+    assert c.launched == c.ok + c.degraded + c.failed + c.infra
+    # a launch whose server fell back to another allreduce path is not counted ok: it measured no level
+    fell_back = [r for r in recs if r.budgeted and r.status == "ok" and not records.counts_for_level(r)]
+    assert c.degraded == len(fell_back)
+    assert (f"{c.degraded} on a degraded allreduce path" in s.counts_text()) == bool(fell_back)
     conf = drv.study.user_attrs["confirmation"]
     assert c.confirm_launches == 2 * len(conf["entries"]) == confirm_launches(conf)
     # GPU-hours: the confirmations and the serving check add to the trials' own, one clock

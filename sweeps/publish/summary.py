@@ -67,7 +67,9 @@ class Counts:
 
     Attributes:
         proposals: finished proposals (``launched + probes + answered``).
-        launched: launched trials of the trial budget (GPU time spent); ``ok``/``failed``/``infra`` of them.
+        launched: launched trials of the trial budget (GPU time spent); ``ok``/``degraded``/``failed``/``infra``
+            of them (``degraded``: the server came up on another allreduce path than the config names, seen
+            in its probe or its log, so it was not measured as that level; not in ``ok``).
         probes: re-question probes (:attr:`sweeps.store.records.TrialRecord.requestion`): GPU
             time spent, not launches of the budget; ``probes_passed`` of them no longer
             reproduced their dead end.
@@ -83,6 +85,7 @@ class Counts:
     probes: int = 0
     probes_passed: int = 0
     ok: int = 0
+    degraded: int = 0
     failed: int = 0
     infra: int = 0
     answered: int = 0
@@ -185,10 +188,12 @@ class StudySummary:
         return metric_text(self.objective.name, v) if v is not None else "-"
 
     def counts_text(self) -> str:
-        """``30 proposals: 24 launched (22 ok, 2 failed, 0 infra), 6 answered without GPU time (...)``."""
+        """``30 proposals: 24 launched (21 ok, 1 on a degraded allreduce path, 2 failed, 0 infra), 6 answered
+        without GPU time (...)``."""
         c = self.counts
         why = ", ".join(f"{v} {k}" for k, v in c.by_reason.items() if v)
-        return (f"{c.proposals} proposals: {c.launched} launched ({c.ok} ok, {c.failed} failed, {c.infra} infra), "
+        deg = f"{c.degraded} on a degraded allreduce path, " if c.degraded else ""
+        return (f"{c.proposals} proposals: {c.launched} launched ({c.ok} ok, {deg}{c.failed} failed, {c.infra} infra), "
                 + (f"{c.probes_text()}, " if c.probes else "")
                 + f"{c.answered} answered without GPU time" + (f" ({why})" if why else "")
                 + f"; {c.confirm_launches} confirmation launches"
@@ -326,7 +331,9 @@ def count_proposals(recs: Sequence[trial_records.TrialRecord], confirmation: Map
             by_class.setdefault(r.failure_class, [0, 0])[1] += 1
     return Counts(proposals=len(launched) + len(probes) + len(answered), launched=len(launched), probes=len(probes),
                   probes_passed=sum(trial_records.requestion_passed(r.status, r.probe) for r in probes),
-                  ok=sum(r.status == "ok" for r in launched), failed=sum(r.status == "failed" for r in launched),
+                  ok=sum(r.status == "ok" and trial_records.counts_for_level(r) for r in launched),
+                  degraded=sum(r.status == "ok" and not trial_records.counts_for_level(r) for r in launched),
+                  failed=sum(r.status == "failed" for r in launched),
                   infra=sum(r.status in ("infra_error", "interrupted") for r in launched),
                   answered=len(answered), by_reason={k: reasons[k] for k in sorted(reasons)},
                   by_class={k: (v[0], v[1]) for k, v in sorted(by_class.items(), key=lambda kv: -sum(kv[1]))},

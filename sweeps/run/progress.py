@@ -128,7 +128,8 @@ class Progress:
         if classes is not None:
             if classes:
                 ft = Table(title="failures and skips by class")
-                for col in ("class", "launched", "skipped without GPU time"):
+                # (a re-question probe of a known dead end launches too: its class counts here)
+                for col in ("class", "launched or probed", "skipped without GPU time"):
                     ft.add_column(col)
                 for k, (nl, ns) in classes.items():
                     ft.add_row(k, str(nl), str(ns))
