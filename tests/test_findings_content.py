@@ -11,6 +11,7 @@ from sweeps.config.spec import load_spec
 from sweeps.publish.findings import Context, read_data_block, render_section, update_findings
 from sweeps.publish.findings.break_even import FORMULA
 from sweeps.publish.findings.evidence import decisive_line
+from sweeps.publish.findings.sections import best_section, confirmation_lines
 from sweeps.store import records
 from tasks.backends import get_backend
 from tests.conftest import compose_cfg
@@ -289,3 +290,46 @@ def test_a_tie_the_race_could_not_decide_asks_for_a_higher_cap(tmp_path):
             "spreads so far, they could still not be decided.") in sec
     assert "at 5 repeats" not in sec and "8 could not decide" not in sec
     assert "sweep.confirm.max_repeats=16" in sec and "sweep.confirm.repeats=" not in sec
+
+
+def test_a_winner_the_race_added_is_not_called_a_sweep_measurement():
+    added = rec(90000, 89.5, cuda_graph_max_bs=128, nccl_proto="LL")
+    conf = {**CONF, "winner": 90000,
+            "entries": [entry(0, 82.0, 78.0, 86.0, base=True),
+                        {**entry(2, 89.0, 88.0, 90.0), "n": 5},
+                        {**entry(90000, 89.4, 88.6, 90.2, verdict="winner"), "derived_from": 2,
+                         "step": "cuda_graph_max_bs 32 -> 128"}],
+            "derived": [{"trial": 90000, "config": dict(added.params), "from": 2,
+                         "step": "cuda_graph_max_bs 32 -> 128", "in_study": False}]}
+    text = "\n".join(best_section(added, 82.0, conf, conf["entries"][-1]))
+    assert "No sweep trial measured t90000: the confirmation's race added it, one step simpler than t2 " \
+           "(cuda_graph_max_bs 32 -> 128)." in text
+    assert "single measurement of t90000" not in text
+    # a config measured in the sweep keeps its sentence
+    text = "\n".join(best_section(rec(2, 90.1), 82.0, CONF, CONF["entries"][-1]))
+    assert "The sweep's single measurement of t2 was 90.1 tok/s." in text
+    # runs: the planned repeats, and what the race added on top (not "5/3")
+    table = "\n".join(confirmation_lines(conf))
+    assert "| t2 | t2 | 5 (3 + 2 the race added) |" in table and "| t0 (baseline) | t0 | 3 |" in table
+
+
+def test_a_level_skipped_only_for_another_knobs_dead_end_is_still_an_untried_level(tmp_path):
+    from sweeps.rules.match import Rule
+    from sweeps.rules.store import fingerprint_hash
+
+    spec = load_spec(compose_cfg(["sweep=smoke"]))
+    recs = [rec(0, 82.0, baseline=True, cuda_graph_max_bs=128), rec(1, 88.0, cuda_graph_max_bs=64),
+            # graph size 512 was proposed once, with FlashInfer fusion: the rule on the fusion answered it
+            rec(2, None, status="skipped", allreduce="flashinfer_fusion", cuda_graph_max_bs=512)]
+    recs[2].skipped_by_rule = "2"
+    for r in recs:
+        r.params.pop("nccl_proto")
+    rule = Rule(id=2, fingerprint_hash=fingerprint_hash(FP), fingerprint=FP, model=None,
+                knobs={"allreduce": "flashinfer_fusion"}, failure_class="flashinfer_allreduce_fusion_unsupported_arch",
+                kind="deterministic", signature="x", evidence=[{"sweep": "earlier", "trial_number": 3}])
+    text, _ = render_section(ctx(tmp_path, space=spec.space, rules=[rule]), recs)
+    line = next(x for x in text.splitlines() if x.startswith("- **Untried levels**"))
+    assert "`cuda_graph_max_bs` = 512" in line and "flashinfer_fusion" not in line
+    # the "Still untried" section gives the same level, with why it was not launched
+    still = text.split("### Still untried")[1].split("\n### ")[0]
+    assert "`cuda_graph_max_bs`" in still and "512 (its proposals were skipped by dead ends on other knobs" in still

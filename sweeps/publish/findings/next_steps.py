@@ -22,7 +22,7 @@ from sweeps.publish.findings.context import Context
 from sweeps.publish.findings.groups import Group
 from sweeps.publish.findings.load import break_evens, curve
 from sweeps.publish.findings.text import fmt, trials
-from sweeps.publish.findings.untried import open_approaches
+from sweeps.publish.findings.untried import knowledge, level_is_dead_end, open_approaches
 from sweeps.store import records
 
 RECHECK_FILE = Path(__file__).with_name("recheck_classes.yaml")
@@ -60,7 +60,7 @@ def _untried_lines(ctx: Context, recs: Sequence[records.TrialRecord], groups: di
     if ctx.space is None:
         return []
     launched = [r for r in recs if r.launched]
-    dead = {(k, r.params[k]) for r in recs if r.status == "skipped" and r.duplicate_of is None for k in r.params}
+    ok = knowledge(ctx, recs)
     regions: list[str] = []
     for p in ctx.space.params:
         try:
@@ -68,7 +68,8 @@ def _untried_lines(ctx: Context, recs: Sequence[records.TrialRecord], groups: di
         except Exception:  # noqa: BLE001 - a continuous float: the "Still untried" section gives its range
             continue
         tried = {r.params.get(p.name) for r in launched if p.name in r.params}
-        open_ = [v for v in lv if v not in tried and (p.name, v) not in dead]
+        # the "Still untried" section's reading: a level skipped only for other knobs' dead ends is open
+        open_ = [v for v in lv if v not in tried and not level_is_dead_end(ctx, recs, p.name, v, ok)]
         if open_:
             regions.append(f"`{p.name}` = " + ", ".join(str(v) for v in open_))
     combos = open_approaches(ctx, recs, groups, gk) if gk else []

@@ -79,7 +79,7 @@ def confirmation_lines(conf: Mapping[str, Any], obj: Objective | None = None) ->
             f"t{e['trial']}" + (" (baseline)" if e.get("is_baseline") else "")
             + (f" (added: t{e['derived_from']}, {e.get('step')})" if e.get("derived_from") is not None else ""),
             e.get("label", cfg(e.get("config", {}))),
-            f"{e.get('n', 0)}/{conf.get('repeats')}", fmt(e.get("mean")),
+            runs_text(int(e.get("n") or 0), int(conf.get("repeats") or 0)), fmt(e.get("mean")),
             f"{fmt(e.get('ci_low'))}–{fmt(e.get('ci_high'))}",
             f"{fmt(sp, 3)} ({fmt(spci[0], 3)}–{fmt(spci[1], 3)})" if sp else "–",
             tok, e.get("verdict", "")]))
@@ -97,6 +97,14 @@ def confirmation_lines(conf: Mapping[str, Any], obj: Objective | None = None) ->
     if conf.get("winner_note"):
         out += ["", conf["winner_note"]]
     return out
+
+
+def runs_text(n: int, repeats: int) -> str:
+    """A confirmation entry's ok runs against the planned ``repeats``: ``3``, ``5 (3 + 2 the race
+    added)`` (the race re-measures configs it cannot yet separate), ``2 of 3`` (a repeat failed)."""
+    if n > repeats:
+        return f"{n} ({repeats} + {n - repeats} the race added)"
+    return str(n) if n == repeats else f"{n} of {repeats}"
 
 
 def _confirmed_line(winner_entry: Mapping[str, Any] | None, conf: Mapping[str, Any] | None, obj: Objective) -> str:
@@ -136,8 +144,16 @@ def best_section(best: records.TrialRecord | None, base: float | None, conf: Map
                  + (f", **{sp:.2f}x** {measure.versus_baseline(obj)}" if sp else "") + f" — {cfg(best.params)}"
                  + (ctx.where() if ctx else ""))
         L.append(_metrics_line(best.metrics, obj))
-        single = (f" The sweep's single measurement of t{best.number} was {measure.value_text(measure.value_of(best, obj), obj)}."
-                  if m.confirmed else "")
+        added = next((d for d in (conf or {}).get("derived") or []
+                      if int(d.get("trial", -1)) == best.number and not d.get("in_study")), None)
+        if not m.confirmed:
+            single = ""
+        elif added is not None:  # no sweep trial measured it: every run of it is a confirmation run
+            single = (f" No sweep trial measured t{best.number}: the confirmation's race added it, one step simpler "
+                      f"than t{added.get('from')} ({added.get('step')}).")
+        else:
+            single = (f" The sweep's single measurement of t{best.number} was "
+                      f"{measure.value_text(measure.value_of(best, obj), obj)}.")
         L.append(_confirmed_line(winner_entry, conf, obj) + single)
         if summary is not None:
             extra = [x for x in (summary.tie_text(), summary.serving_text()) if x]

@@ -91,6 +91,26 @@ def _rule_text(rules_by_id: Mapping[str, Any], rule_id: str | None) -> str:
     return f"rule #{r.id} ({knobs}, {r.failure_class})"
 
 
+def knowledge(ctx: Context, records: Sequence[trial_records.TrialRecord]) -> Callable[[Mapping[str, Any]], bool]:
+    """The findings' knowledge filter (:func:`sweeps.search.untried.knowledge_filter` for the
+    context's rules and fingerprint): True for knob values no known dead end excludes."""
+    return _knowledge(ctx, records)
+
+
+def level_is_dead_end(ctx: Context, records: Sequence[trial_records.TrialRecord], knob: str, level: Any,
+                      ok: Callable[[Mapping[str, Any]], bool]) -> bool:
+    """True when a known dead end of ``knob=level`` itself excludes it: a rule naming the knob
+    answered one of its proposals, or the knowledge filter ``ok`` excludes the level alone. A
+    level whose proposals were skipped only for other knobs' dead ends is no dead end."""
+    rules_by_id = {str(r.id): r for r in ctx.rules}
+    for r in records:
+        if r.status == "skipped" and r.duplicate_of is None and r.params.get(knob) == level:
+            rule = rules_by_id.get(str(r.skipped_by_rule))
+            if rule is not None and knob in rule.knobs:
+                return True
+    return not ok({knob: level})
+
+
 def level_reason(ctx: Context, records: Sequence[trial_records.TrialRecord], knob: str, level: Any,
                  ok: Callable[[Mapping[str, Any]], bool]) -> str:
     """Why no trial launched ``knob=level``: the rules (named by their knobs) that answered its
