@@ -900,7 +900,9 @@ def _read_log(path: str) -> tuple[str, int | None, str | None]:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    """``python -m tasks.failures [--exit-code N] [--phase P] [--tsv] LOG...``; returns 0, or 2 on unreadable files.
+    """``python -m tasks.failures [--exit-code N] [--phase P] [--tsv] LOG...``; returns 0 when every
+    log is healthy (a perf finding included: the server ran), 1 when a log shows a failure, 2 when a
+    file could not be read (as ``grep``: a script can test the status).
 
     A failure-corpus entry file (``tasks/failure_corpus/<part>/<id>.yaml``) is read as its
     ``log`` field with its ``exit_code`` (:func:`_read_log`), and its expected class is shown.
@@ -936,6 +938,8 @@ def main(argv: Iterable[str] | None = None) -> int:
             continue
         code = a.exit_code if a.exit_code is not None else entry_code
         c = with_speedup(classify(text, code, a.phase), speedup)
+        if c.kind not in (HEALTHY, "perf"):
+            rc = max(rc, 1)
         if a.tsv:
             print(f"{strip_control(path)}\t{c.failure_class}\t{c.kind}\t{strip_control(c.signature)}")
             continue

@@ -222,7 +222,7 @@ def test_cli_prints_class_kind_phase_decisive_line_and_nearest_links(tmp_path):
                    "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)\n")
     r = subprocess.run([sys.executable, "-m", "tasks.failures", "--exit-code", "1", "--corpus-parts", "dev", str(log)],
                        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # a failure: the status says so, as grep's does
     out = r.stdout
     assert "class:    nccl_init_system_error" in out and "kind:     infra" in out and "stage:    weights" in out
     assert "decisive: RuntimeError: NCCL error: unhandled system error" in out
