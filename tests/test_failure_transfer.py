@@ -854,3 +854,34 @@ def test_a_clients_throughput_in_tokens_per_second_is_work_done():
 
 def test_a_throughput_of_zero_is_not():  # a guard of the rule above
     assert classify(_CLIENT_REPORT.format(tps="0")).failure_class != "healthy"
+
+
+# ------------------------------------------------------------------ test18 read
+def test_llama_cpps_argument_parser_refusals_are_cli_errors():
+    # llamafile (mozilla-ai/llamafile#936) and llama-server under llama-swap (mostlygeek/llama-swap#283), as posted
+    assert classify("$ ./llamafile-0.10.0 -m models/Qwen3.5-2B-Q8_0.gguf --tools read_file\n"
+                    "error: invalid argument: --tools\n").failure_class == "cli_arg_error"
+    log = ("llama-swap-1  | load_backend: loaded CUDA backend from /app/libggml-cuda.so\n"
+           "llama-swap-1  | error while handling argument \"--flash-attn\": error: unkown value for --flash-attn: "
+           "'--ctx-size'\n")
+    assert classify(log, 1).failure_class == "cli_arg_error"
+
+
+def test_a_runtime_invalid_argument_is_not_a_cli_error():  # a guard of the rule above
+    log = "ggml_cuda_compute_forward: MUL_MAT failed\nCUDA error: invalid argument\n  current device: 0\n"
+    assert classify(log).failure_class != "cli_arg_error"
+
+
+def test_an_ascend_cores_invalid_mpu_address_is_an_illegal_memory_access():
+    # SGLang on Ascend (sgl-project/sglang#12464, as posted)
+    log = ("EZ9999: [PID: 696742] 2025-10-31-21:35:03.992.057 The error from device(chipId:7, dieId:0), there is an "
+           "exception of aivec error, core id is 9, error code = 0\n"
+           "       The extend info: errcode:(0, 0x200000000000000, 0) errorStr: The MPU address access is invalid. "
+           "fixp_error0 info: 0xa0bfbd5[FUNC:ProcessStarsCoreErrorInfo][FILE:device_error_core_proc.cc][LINE:322]\n")
+    c = classify(log)
+    assert (c.failure_class, c.kind) == ("cuda_illegal_memory_access", "transient")
+
+
+def test_an_mpu_mentioned_in_passing_is_not_one():  # a guard of the rule above
+    log = "WARNING: MPU address map refreshed; the MPU address access is checked at start\n"
+    assert classify(log).failure_class != "cuda_illegal_memory_access"
