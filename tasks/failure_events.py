@@ -78,7 +78,8 @@ _EXC = re.compile(r"^(?:[A-Za-z_][\w]*\.)*(?:(?=[A-Z])\w*(?:Error|Exception|Exit
                   r"|EngineGenerateError|CalledProcessError|ValidationError)\b(?:\([\w.]+\))?(?::|\s*$|\s+\d+ validation error)")
 _FATAL = re.compile(
     r"CUDA error:|\bCUDA (?:driver )?error\b|\bHIP error:|cudaError\w+|device-side assert|Assertion [`'\"].*[`'\"] failed|"
-    r"Assertion .* failed|Assertion failed\b|^terminate called|what\(\):|Segmentation fault|Fatal Python error|core dumped|"
+    r"Assertion .* failed|Assertion failed\b|\bGGML_ASSERT\(.*\) failed|^terminate called|what\(\):|"
+    r"Segmentation fault|Fatal Python error|core dumped|"
     r"\bNCCL error\b|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError|"
     r"\bnvcc fatal|ptxas fatal|Ninja build failed|^FAILED: |^\S+: error: |^error: |"
     r"^\[(?:harness|dmesg)\]|Out of memory: Kill|oom-kill:|^Killed\s*$|NVRM: Xid|"
