@@ -67,7 +67,9 @@ _CRI = re.compile(r"^\s*(?:stdout|stderr)\s+[FP]\s")
 #: DJL Serving's (the LMI / SageMaker large-model containers') relay of its Python engine's streams:
 #: ``WARN  PyProcess W-252-model-stderr: `` (its level is the stream's, stderr -> WARN, not the line's)
 _DJL = re.compile(r"^\s*(?:INFO|WARN|ERROR|DEBUG)\s+PyProcess\s+W-[\w.-]+-std(?:out|err):\s?")
-_PYLOG = re.compile(r"^\s*(?P<lvl>INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+(?:[\w.]+:)?\s*")
+#: (a logger's name may follow the level, never an exception's: "ERROR: KeyError: 'x'" keeps its KeyError)
+_PYLOG = re.compile(r"^\s*(?P<lvl>INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+"
+                    r"(?:(?![A-Za-z_][\w.]*(?:Error|Exception|Warning|Interrupt|Exit)\b)[\w.]+:)?\s*")
 _PREFIXES = (_QUOTE, _PIPE, _PROC, _DJL, _VLLM_HDR, _VLLM_SHORT, _DASHLOG, _RAYCPP, _SGLANG, _RANK, _GLOG, _NCCL, _ISO, _SYSLOG,
              _CRI, _PYLOG)
 _LEVEL = {"T": INFO, "D": INFO, "I": INFO, "W": WARN, "E": ERROR, "C": FATAL, "F": FATAL, "INFO": INFO, "DEBUG": INFO,

@@ -885,3 +885,77 @@ def test_an_ascend_cores_invalid_mpu_address_is_an_illegal_memory_access():
 def test_an_mpu_mentioned_in_passing_is_not_one():  # a guard of the rule above
     log = "WARNING: MPU address map refreshed; the MPU address access is checked at start\n"
     assert classify(log).failure_class != "cuda_illegal_memory_access"
+
+
+# ------------------------------------------------------------------ test19 read
+_ERROR_TB = ("[2026-02-26 15:56:59] ERROR: Traceback (most recent call last):\n"
+             "[2026-02-26 15:56:59] ERROR:   File \"/usr/local/lib/python3.12/dist-packages/transformers/models/auto/"
+             "configuration_auto.py\", line 1048, in __getitem__\n"
+             "[2026-02-26 15:56:59] ERROR:     raise KeyError(key)\n"
+             "[2026-02-26 15:56:59] ERROR: {exc}\n")
+
+
+def test_an_exception_after_a_level_colon_keeps_its_name():
+    # SGLang's launcher logging a transformers traceback, each line "ERROR: ..." (sgl-project/sglang#19408, as posted)
+    assert classify(_ERROR_TB.format(exc="KeyError: 'glm_moe_dsa'")).failure_class == "model_load_error"
+
+
+def test_a_logger_name_after_the_level_is_still_stripped():  # a guard of the rule above
+    log = ("INFO:     Started server process [1]\nINFO:     Application startup complete.\n"
+           "INFO:     uvicorn.access: 127.0.0.1:5000 - \"POST /v1/completions HTTP/1.1\" 200 OK\n")
+    assert classify(log).failure_class == "healthy"
+
+
+def test_a_gguf_tensor_past_the_end_of_its_file_is_the_weights():
+    # llama-cli on a truncated GGUF download (ollama/ollama#6228, as posted)
+    log = ("llama_model_load: error loading model: tensor 'blk.2.ffn_down.weight' data is not within the file bounds, "
+           "model is corrupted or incomplete\nllama_load_model_from_file: failed to load model\n"
+           "main: error: unable to load model\n")
+    assert classify(log).failure_class == "model_weights_error"
+
+
+def test_a_gguf_of_an_unknown_architecture_is_still_the_model():  # a guard of the rule above
+    log = ("llama_model_load: error loading model: error loading model architecture: unknown model architecture: "
+           "'gemma3'\nllama_load_model_from_file: failed to load model\n")
+    assert classify(log).failure_class == "model_load_error"
+
+
+_POLLS = ("2025-03-19 17:03:53,347 - __main__ - INFO - [2025-03-19 17:03:53 TP0] max_total_num_tokens=378594, "
+          "context_len=32768\n"
+          "INFO:httpx:HTTP Request: GET http://localhost:30024/v1/models \"HTTP/1.1 {status}\"\n"
+          "2025-03-19 17:03:53,825 - __main__ - INFO - Attempt 23: Unexpected status code 502\n")
+
+
+def test_a_clients_readiness_polls_answered_502_are_a_failed_health_check():
+    # olmocr waiting on its SGLang server (allenai/olmocr#130, as posted)
+    assert classify(_POLLS.format(status="502 Bad Gateway")).failure_class == "health_check_failed"
+
+
+def test_polls_answered_200_are_not():  # a guard of the rule above
+    assert classify(_POLLS.format(status="200 OK")).failure_class != "health_check_failed"
+
+
+def test_a_launcher_that_gave_up_waiting_is_a_startup_timeout():
+    # olmocr's pipeline (allenai/olmocr#82, as posted)
+    log = ("  File \"/root/olmocr/olmocr/pipeline.py\", line 649, in sglang_server_ready\n"
+           "    raise Exception(\"sglang server did not become ready after waiting.\")\n"
+           "Exception: sglang server did not become ready after waiting.\n")
+    assert classify(log).failure_class == "startup_timeout"
+
+
+def test_a_launcher_that_retries_after_waiting_is_not():  # a guard of the rule above
+    log = "WARNING: server did not become ready after waiting, retrying in 5 s\nINFO: attempt 2\n"
+    assert classify(log).failure_class != "startup_timeout"
+
+
+_OLD_BENCH = ("Total time: 166.88 s\nThroughput: {rps} requests/s\nAverage latency: 67.59 s\n"
+              "Average latency per output token: 1.10 s\n")
+
+
+def test_an_early_vllm_benchmarks_requests_per_second_is_work_done():
+    # vLLM's benchmark_serving.py of 2023 (vllm-project/vllm#359, as posted)
+    assert classify(_OLD_BENCH.format(rps="5.99")).failure_class == "healthy"
+
+
+def test_zero_requests_per_second_is_not():  # a guard of the rule above
+    assert classify(_OLD_BENCH.format(rps="0.00")).failure_class != "healthy"
