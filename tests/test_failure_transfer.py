@@ -717,21 +717,35 @@ def test_a_benchmark_table_of_no_success_is_not():  # a guard of the rule above
 
 
 # ------------------------------------------------------------------ test17 read
-_RAY_FATAL = ("[2026-05-06 23:35:23,306 {lvl} 129 129] (raylet) experimental_mutable_object_provider.cc:154:\n"
+_RAY_FATAL = ("[2026-05-06 23:35:23,306 {lvl} 129 129] (raylet) {where}:\n"
               "  An unexpected system state has occurred. You have likely discovered a bug in Ray.\n"
-              "  Check failed: object_manager_->WriteAcquire(info.local_object_id, total_data_size, nullptr,\n")
+              "  Check failed: {check}\n")
 
 
 def test_the_raylets_fatal_check_is_its_node_lost():
-    # vLLM pipeline-parallel on Ray, a worker node's raylet (ray-project/ray#63229, as posted)
-    c = classify(_RAY_FATAL.format(lvl="C"))
+    # a raylet's fatal check in Ray's C++ log (the format of ray-project/ray#63229, a node manager's check)
+    c = classify(_RAY_FATAL.format(lvl="C", where="node_manager.cc:1851", check="entry"))
     assert (c.failure_class, c.kind) == ("node_lost", "infra")
     assert "(raylet)" in c.line
 
 
-def test_a_raylet_line_with_no_failed_check_is_not():  # a guard of the rule above
-    log = "[2026-05-06 23:35:23,306 I 129 129] (raylet) node_manager.cc:154: Raylet of id 12 started.\n"
+def test_the_raylets_compiled_graph_channel_check_is_not_the_node():  # a guard of the rule above
+    # vLLM pipeline-parallel on Ray compiled graphs (ray-project/ray#63229, as posted): a Ray
+    # software path that multi-node PP trips on every node, no evidence about one
+    check = ("object_manager_->WriteAcquire(info.local_object_id, total_data_size, nullptr,\n"
+             "    Status not OK: ChannelError: Channel closed.")
+    log = _RAY_FATAL.format(lvl="C", where="experimental_mutable_object_provider.cc:154", check=check)
     assert classify(log).failure_class != "node_lost"
+    info = "[2026-05-06 23:35:23,306 I 129 129] (raylet) node_manager.cc:154: Raylet of id 12 started.\n"
+    assert classify(info).failure_class != "node_lost"
+
+
+def test_rays_agent_finding_its_raylet_gone_is_node_lost():
+    # Ray's dashboard agent (ray-project/ray#45041, as posted)
+    log = ("2024-05-03 18:48:26,722\tERROR process_watcher.py:116 -- Raylet is terminated. Termination is unexpected. "
+           "Possible reasons include: (1) SIGKILL by the user or system OOM killer, (2) Invalid memory access from "
+           "Raylet causing SIGSEGV or SIGBUS, (3) Other termination signals. Last 20 lines of the Raylet logs:\n")
+    assert classify(log).failure_class == "node_lost"
 
 
 _UP_THEN_CHECK = ("(APIServer pid=1) INFO:     Application startup complete.\n"

@@ -515,11 +515,18 @@ def test_shipped_table_loads_to_the_classifier_tables():
     assert [p.pattern for s in t.signatures for p in s.patterns] == [p.pattern for s in SIGNATURES for p in s.patterns]
 
 
-_FUSION = r"signatures\[4\] \(flashinfer_allreduce_fusion_unsupported_arch\)"
+def _first_row(cls: str) -> int:
+    from tasks.failure_signatures import TABLE_PATH
+
+    return next(i for i, r in enumerate(yaml.safe_load(TABLE_PATH.read_text())["signatures"]) if r["class"] == cls)
+
+
+_FUSION_ROW = _first_row("flashinfer_allreduce_fusion_unsupported_arch")
+_FUSION = rf"signatures\[{_FUSION_ROW}\] \(flashinfer_allreduce_fusion_unsupported_arch\)"
 
 
 @pytest.mark.parametrize("edit,message", [
-    (lambda d: d["signatures"][4]["patterns"].append("(unclosed"), _FUSION + r"\.patterns\[2\]: bad regex"),
+    (lambda d: d["signatures"][_FUSION_ROW]["patterns"].append("(unclosed"), _FUSION + r"\.patterns\[2\]: bad regex"),
     (lambda d: d["signatures"][0].update({"class": "no_such_class"}),
      r"signatures\[0\] \(no_such_class\): class is not in kinds"),
     (lambda d: d["signatures"][1].update({"requirs": "x"}), r"signatures\[1\] \(cli_arg_error\): unknown keys \['requirs'\]"),
