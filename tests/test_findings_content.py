@@ -305,12 +305,22 @@ def test_a_winner_the_race_added_is_not_called_a_sweep_measurement():
     assert "No sweep trial measured t90000: the confirmation's race added it, one step simpler than t2 " \
            "(cuda_graph_max_bs 32 -> 128)." in text
     assert "single measurement of t90000" not in text
+    # a config no sweep trial measured has its objective only: the line says so, not "TTFT p50 – ms"
+    added.metrics = {"decode_tok_s": 89.4}
+    text = "\n".join(best_section(added, 82.0, conf, conf["entries"][-1]))
+    assert "(TTFT and ITL not recorded for this config: its runs are the confirmation's" in text
+    assert "TTFT p50 –" not in text
     # a config measured in the sweep keeps its sentence
     text = "\n".join(best_section(rec(2, 90.1), 82.0, CONF, CONF["entries"][-1]))
     assert "The sweep's single measurement of t2 was 90.1 tok/s." in text
     # runs: the planned repeats, and what the race added on top (not "5/3")
     table = "\n".join(confirmation_lines(conf))
     assert "| t2 | t2 | 5 (3 + 2 the race added) |" in table and "| t0 (baseline) | t0 | 3 |" in table
+    # the heading counts every row: the top configs, the baseline, the leader's measured
+    # simplifications the race started with, and the configs it added
+    head = confirmation_lines({**conf, "top_k": 1, "entries": [*conf["entries"], entry(1, 88.6, 83.3, 93.9)]})[0]
+    assert head.startswith("Top 1 configs and the baseline, 1 measured config(s) simpler than the leader, and 1 "
+                           "config(s) the race added (see below), re-measured 3× each"), head
 
 
 def test_a_level_skipped_only_for_another_knobs_dead_end_is_still_an_untried_level(tmp_path):
@@ -333,3 +343,21 @@ def test_a_level_skipped_only_for_another_knobs_dead_end_is_still_an_untried_lev
     # the "Still untried" section gives the same level, with why it was not launched
     still = text.split("### Still untried")[1].split("\n### ")[0]
     assert "`cuda_graph_max_bs`" in still and "512 (its proposals were skipped by dead ends on other knobs" in still
+
+
+def test_a_levels_confirmed_mean_outranks_a_single_lucky_draw_of_it(tmp_path):
+    # graph size 256: one config of it re-measured at 85.0 (3 fresh runs), another drawn once at 87.5
+    recs = sweep() + [rec(5, 87.5, cuda_graph_max_bs=256, nccl_proto="LL"), rec(6, 86.0, cuda_graph_max_bs=256)]
+    conf = {**CONF, "entries": [*CONF["entries"], entry(6, 85.0, 83.0, 87.0)]}
+    text, _ = render_section(ctx(tmp_path, conf=conf), recs)
+    lost = text.split("### What ran and lost")[1].split("\n### ")[0]
+    line = next(x for x in lost.splitlines() if x.startswith("- `cuda_graph_max_bs=256`"))
+    assert "best 85.0 tok/s (t6, confirmed mean of 3 fresh runs" in line
+    assert "cuda_graph_max_bs=256` (87.5" not in lost  # the single draw is no tie with the best
+
+
+def test_an_approachs_speedup_is_of_its_confirmed_mean_not_its_single_draw(tmp_path):
+    text, _ = render_section(ctx(tmp_path), sweep())
+    table = text.split("### Approaches", 1)[1].split("\n### ", 1)[0]
+    # t1 drew 91.6 once (1.12x the confirmed baseline 82.0) and was re-measured at 88.6 (1.08x)
+    assert "| 91.6 (t1), confirmed 88.6 | 1.08x |" in table, table

@@ -139,8 +139,8 @@ def test_counts_add_up_and_book_every_launch(swept):
 
     doc = spec.findings_path.read_text()
     total, launched, excluded, left = map(int, re.search(
-        r"configs: (\d+) feasible in the space = (\d+) launched \+ (\d+) excluded by known dead ends \+ "
-        r"\*\*(\d+) not yet tried", doc).groups())
+        r"configs: (\d+) feasible in the space = (\d+) launched \(with (?:\d+) re-question probes?\) \+ (\d+) "
+        r"excluded by known dead ends \+ \*\*(\d+) not yet tried", doc).groups())
     assert total == launched + excluded + left and launched <= c.launched + c.probes
     # allreduce_path_degraded: the console's launched count is the findings' list of trials
     degraded = next(line for line in doc.splitlines() if "is not what runs** (allreduce_path_degraded)" in line)

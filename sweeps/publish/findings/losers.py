@@ -122,13 +122,20 @@ def _same_mode(runs: Sequence[records.TrialRecord], ref: records.TrialRecord | N
                   if not same and others else "")
 
 
+def _level_top(runs: Sequence[records.TrialRecord], conf: Any, obj: Objective) -> records.TrialRecord | None:
+    """The level's best trial, a confirmed one first: a confirmation's mean over fresh repeats
+    outranks a single sweep measurement of the same level, however high the single draw."""
+    confirmed = [r for r in runs if measured(r, conf, obj).confirmed]
+    return best_of(confirmed, conf, obj) or best_of(runs, conf, obj)
+
+
 def _tied(ctx: Context, runs: Sequence[records.TrialRecord], ref_m: Measured, ref: records.TrialRecord | None,
           knob: str) -> tuple[records.TrialRecord, float] | None:
     """(the level's best trial, its value) when it is within run-to-run noise of the reference or
     better: a tie, not a loss; None otherwise."""
     obj, conf = ctx.objective, ctx.confirmation
     same, _ = _same_mode(runs, ref, knob)
-    top = best_of(same, conf, obj) or best_of(runs, conf, obj)
+    top = _level_top(same, conf, obj) or _level_top(runs, conf, obj)
     if top is None or not ref_m.value:
         return None
     v = measured(top, conf, obj).value
@@ -139,7 +146,7 @@ def _level_line(ctx: Context, knob: str, level: Any, runs: Sequence[records.Tria
                 ref: records.TrialRecord | None, base: float | None, base_ms: float | None, scope: str) -> str:
     obj, conf = ctx.objective, ctx.confirmation
     same, note = _same_mode(runs, ref, knob)
-    top = best_of(same, conf, obj) or best_of(runs, conf, obj)
+    top = _level_top(same, conf, obj) or _level_top(runs, conf, obj)
     head = f"- `{knob}={level}`"
     if top is None:
         txt = f"{head}: no credited result in {trials(r.number for r in runs)}"

@@ -63,8 +63,14 @@ def confirmation_lines(conf: Mapping[str, Any], obj: Objective | None = None) ->
     obj = obj or Objective()
     lv = conf.get("confidence", 0.95)
     n_derived = len(conf.get("derived") or [])
-    added = f", and {n_derived} config(s) the race added (see below)," if n_derived else ""
-    out = [f"Top {conf.get('top_k')} configs and the baseline{added} re-measured {conf.get('repeats')}× each "
+    entries = conf.get("entries") or []
+    # the race also starts with the leader's measured simplifications (sweeps.search.confirm.simplifications)
+    n_simpler = 0 if conf.get("top_k") is None else max(
+        0, len(entries) - sum(1 for e in entries if e.get("is_baseline")) - int(conf["top_k"])
+        - sum(1 for e in entries if e.get("derived_from") is not None))
+    simpler = f", {n_simpler} measured config(s) simpler than the leader" if n_simpler else ""
+    added = f", and {n_derived} config(s) the race added (see below)," if n_derived else (", " if simpler else "")
+    out = [f"Top {conf.get('top_k')} configs and the baseline{simpler}{added} re-measured {conf.get('repeats')}× each "
            f"(fresh launches; the sweep's own measurement is not reused, so a lucky draw cannot win); "
            f"mean {measure.wording(obj)} with {lv * 100:.0f} % t-intervals; greedy output token ids compared with the "
            f"baseline's for the same prompts.", "",
@@ -119,7 +125,11 @@ def _confirmed_line(winner_entry: Mapping[str, Any] | None, conf: Mapping[str, A
 
 
 def _metrics_line(m: Mapping[str, float], obj: Objective) -> str:
-    """The best config's other metrics (decode tok/s among them when it is not the objective)."""
+    """The best config's other metrics (decode tok/s among them when it is not the objective); a
+    config no sweep trial measured (one the confirmation's race added) has its objective only."""
+    if not any(m.get(k) is not None for k in ("ttft_ms_p50", "itl_ms_p50", "itl_ms_p99")):
+        return ("(TTFT and ITL not recorded for this config: its runs are the confirmation's, which records "
+                f"{measure.wording(obj)} only; the serving check below gives its p99 latencies when it ran)")
     decode = "" if obj.name == measure.DECODE else f"decode {fmt(m.get('decode_tok_s'))} tok/s, "
     return (f"({decode}TTFT p50 {fmt(m.get('ttft_ms_p50'), 0)} ms, ITL p50 {fmt(m.get('itl_ms_p50'))} ms, "
             f"ITL p99 {fmt(m.get('itl_ms_p99'))} ms, acceptance length {fmt(m.get('accept_length'), 2)})")
@@ -174,7 +184,8 @@ def approaches_section(gk: list[str], groups: dict[tuple, Group], base: float | 
     """The "Approaches" table: one row per combination of the grouping knobs (only those
     launched or skipped when there are more than :data:`MAX_GROUP_ROWS`), with the best
     objective value (default decode_tok_s; a sweep measurement, followed by its confirmed
-    mean when ``conf`` re-measured that trial) and its ratio to the baseline."""
+    mean when ``conf`` re-measured that trial) and its ratio to the baseline (of the confirmed
+    mean when there is one: the number the headline quotes, not the single draw)."""
     obj = obj or Objective()
     if not gk:
         return []
@@ -188,8 +199,9 @@ def approaches_section(gk: list[str], groups: dict[tuple, Group], base: float | 
         bv, bt = best_in(g, obj)
         cm = measured(next(r for r in g.ok if r.number == bt), conf, obj) if bv is not None else None
         best_txt = f"{fmt(bv)} (t{bt})" + (f", confirmed {fmt(cm.value)}" if cm and cm.confirmed else "")
+        sv = cm.value if cm and cm.confirmed else bv
         L.append(row([*g.key, best_txt if bv is not None else "–",
-                      f"{sp:.2f}x" if (sp := measure.ratio(bv, base, obj)) is not None else "–",
+                      f"{sp:.2f}x" if (sp := measure.ratio(sv, base, obj)) is not None else "–",
                       f"{g.launched}" + (f" (+{g.probes} re-question probe{'s' if g.probes != 1 else ''})"
                                          if g.probes else ""), len(g.skipped), outcome(g, base, obj)]))
     L.append("")

@@ -236,8 +236,10 @@ def untried_section(ctx: Context, records: Sequence[trial_records.TrialRecord], 
         left = remaining(ctx, records)
         if left is not None:
             total, n_launched, excluded, rest = left
-            lines.append(f"- configs: {total} feasible in the space = {n_launched} launched + {excluded} excluded by "
-                         f"known dead ends + **{rest} not yet tried**")
+            n_probes = len({trial_records.config_key(r.params) for r in records if r.launched and r.requestion})
+            what = f" (with {n_probes} re-question probe{'s' if n_probes != 1 else ''})" if n_probes else ""
+            lines.append(f"- configs: {total} feasible in the space = {n_launched} launched{what} + {excluded} excluded "
+                         f"by known dead ends + **{rest} not yet tried**")
     cov = coverage_lines(ctx, [r for r in launched if not r.requestion])
     probes = [r for r in launched if r.requestion]
     if cov and probes:  # the trial budget's launches only, as the quota counts them
