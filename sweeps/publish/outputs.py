@@ -197,7 +197,9 @@ class Publisher:
                     "sweep_outcome_reason": outcome.line or ""}
             if best is not None:
                 tags.update(best_trial=str(best.number), best_launch_command=self.deploy(best.params) or "",
-                            best_emulated_launch_command=best.launch_command, measured_on=node_label(self.spec))
+                            measured_on=node_label(self.spec))
+                if best.launch_command:  # a config the confirmation's race added was never a sweep launch
+                    tags["best_emulated_launch_command"] = best.launch_command
                 best_run = self.run_id_of(best.number)
                 if best_run:
                     tags["best_run"] = best_run
