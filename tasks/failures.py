@@ -924,8 +924,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     sp.add_argument("--bench", default=None, help="bench JSON with speedup_vs_baseline (or decode_tok_s + baseline_decode_tok_s)")
     p.add_argument("--tsv", action="store_true", help="one PATH<TAB>CLASS<TAB>KIND<TAB>SIGNATURE line per log")
     p.add_argument("--nearest", type=int, default=3, metavar="K", help="corpus entries to show (default 3; 0 = none)")
-    p.add_argument("--corpus-parts", type=_parts_arg, default=("dev", "test"), metavar="PARTS",
-                   help=f"comma-separated corpus parts the nearest entries come from, among {','.join(PARTS)} (default dev,test)")
+    p.add_argument("--corpus-parts", type=_parts_arg, default=PARTS, metavar="PARTS",
+                   help=f"comma-separated corpus parts the nearest entries come from, among {','.join(PARTS)} "
+                        "(default: all of them)")
     a = p.parse_args(list(argv) if argv is not None else None)
     speedup = _bench_speedup(a.bench) if a.bench else a.speedup
     rc = 0
