@@ -20,6 +20,7 @@ import pytest
 from sweeps.app.driver import emulator_profile
 from sweeps.config.spec import backend_dict, load_spec
 from tasks.backends.sglang.knobs import render_launch
+from tasks.reaper import POLL_S
 from tasks.trial import run_trial
 from tasks.types import BenchSpec, Timeouts, TrialSpec
 from tests.conftest import compose_cfg
@@ -33,6 +34,9 @@ TIMEOUTS = Timeouts(startup_s=6, health_request_s=1, bench_s=20, term_grace_s=1,
 # Slack on top of a fault's deadline: teardown SIGTERM->grace->SIGKILL (term_grace_s=1) plus
 # the emulated startup at time_scale=0.002 (~2 s measured on 2 cores) and Python start-up.
 SLACK_S = 6.0  # +2 s since the emulated server loads its shipped tokenizer (tasks/emulator/tokenizer_k25) at start
+#: How long the reaper sidecar may outlive a trial: it notices the server's group is gone on its
+#: next poll (tasks.reaper.POLL_S), which a loaded 2-core machine can delay by a few periods
+REAPER_GRACE_S = 4 * POLL_S
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +53,24 @@ class Watch:
     seen: dict[int, float]
     stop: threading.Event
 
-    def survivors(self) -> list[tuple[int, list[str]]]:
-        out = []
-        for pid, ct in self.seen.items():
-            try:
-                p = psutil.Process(pid)
-                if abs(p.create_time() - ct) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE:
-                    out.append((pid, p.cmdline()))
-            except psutil.Error:
-                continue
-        return out
+    def survivors(self, grace_s: float = REAPER_GRACE_S) -> list[tuple[int, list[str]]]:
+        """The seen processes still alive ``grace_s`` after the trial returned: the reaper
+        sidecar (tasks.reaper) exits on its next poll once the server's group is gone, so it
+        gets its poll period and a loaded machine's scheduling delay; nothing else may outlive
+        the trial at all."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            out = []
+            for pid, ct in self.seen.items():
+                try:
+                    p = psutil.Process(pid)
+                    if abs(p.create_time() - ct) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE:
+                        out.append((pid, p.cmdline()))
+                except psutil.Error:
+                    continue
+            if not any("tasks.reaper" in cmd for _, c in out for cmd in c) or time.monotonic() >= deadline:
+                return out
+            time.sleep(0.1)
 
 
 def _watch(root: Path) -> Watch:
