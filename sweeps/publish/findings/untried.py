@@ -43,7 +43,7 @@ def _fingerprint_hash(ctx: Context) -> str | None:
         return None
 
 
-def _knowledge(ctx: Context, records: Sequence[trial_records.TrialRecord]) -> Callable[[Mapping[str, Any]], bool]:
+def knowledge(ctx: Context, records: Sequence[trial_records.TrialRecord]) -> Callable[[Mapping[str, Any]], bool]:
     """True for knob values (a whole config or an approach's few knobs) no known dead end
     excludes: a silently degraded allreduce level, or a rule whose every knob they set."""
     return knowledge_filter(records, ctx.rules, _fingerprint_hash(ctx), ctx.model.get("name"), ctx.study)
@@ -53,7 +53,7 @@ def open_approaches(ctx: Context, records: Sequence[trial_records.TrialRecord], 
                     gk: list[str]) -> list[str]:
     """``k=v × k=v`` of the approaches never launched that no known dead end excludes."""
     keys = [key for key, g in groups.items() if outcome(g, None) == "untried"]
-    ok = _knowledge(ctx, records)
+    ok = knowledge(ctx, records)
     return [" × ".join(f"{k}={v}" for k, v in zip(gk, key)) for key in keys if ok(dict(zip(gk, key)))]
 
 
@@ -66,7 +66,7 @@ def remaining(ctx: Context, records: Sequence[trial_records.TrialRecord]) -> tup
         return None
     launched = {trial_records.config_key(r.params) for r in records if r.launched}
     skipped = {trial_records.config_key(r.params) for r in records if r.status == "skipped"}
-    ok = _knowledge(ctx, records)
+    ok = knowledge(ctx, records)
     n_launched = left = excluded = 0
     for c in cfgs:
         k = trial_records.config_key(c)
@@ -91,33 +91,10 @@ def _rule_text(rules_by_id: Mapping[str, Any], rule_id: str | None) -> str:
     return f"rule #{r.id} ({knobs}, {r.failure_class})"
 
 
-def knowledge(ctx: Context, records: Sequence[trial_records.TrialRecord]) -> Callable[[Mapping[str, Any]], bool]:
-    """The findings' knowledge filter (:func:`sweeps.search.untried.knowledge_filter` for the
-    context's rules and fingerprint): True for knob values no known dead end excludes."""
-    return _knowledge(ctx, records)
-
-
-def level_is_dead_end(ctx: Context, records: Sequence[trial_records.TrialRecord], knob: str, level: Any,
-                      ok: Callable[[Mapping[str, Any]], bool]) -> bool:
-    """True when a known dead end of ``knob=level`` itself excludes it: a rule naming the knob
-    answered one of its proposals, or the knowledge filter ``ok`` excludes the level alone. A
-    level whose proposals were skipped only for other knobs' dead ends is no dead end."""
-    rules_by_id = {str(r.id): r for r in ctx.rules}
-    for r in records:
-        if r.status == "skipped" and r.duplicate_of is None and r.params.get(knob) == level:
-            rule = rules_by_id.get(str(r.skipped_by_rule))
-            if rule is not None and knob in rule.knobs:
-                return True
-    return not ok({knob: level})
-
-
-def level_reason(ctx: Context, records: Sequence[trial_records.TrialRecord], knob: str, level: Any,
-                 ok: Callable[[Mapping[str, Any]], bool]) -> str:
-    """Why no trial launched ``knob=level``: the rules (named by their knobs) that answered its
-    proposals, the dead end that excludes the level on its own, or that it was not drawn yet.
-
-    Args:
-        ctx: the findings context (its rules).  records: every trial.  ok: :func:`_knowledge`."""
+def _answered(ctx: Context, records: Sequence[trial_records.TrialRecord], knob: str, level: Any
+              ) -> tuple[dict[str, int], list[str]]:
+    """The rules that answered ``knob=level``'s proposals without a launch: (rule text ->
+    proposals answered, the texts of those rules that name the knob itself)."""
     rules_by_id = {str(r.id): r for r in ctx.rules}
     hit: dict[str, int] = {}
     own: list[str] = []
@@ -128,12 +105,32 @@ def level_reason(ctx: Context, records: Sequence[trial_records.TrialRecord], kno
             rule = rules_by_id.get(str(r.skipped_by_rule))
             if rule is not None and knob in rule.knobs:
                 own.append(t)
+    return hit, own
+
+
+def level_is_dead_end(ctx: Context, records: Sequence[trial_records.TrialRecord], knob: str, level: Any,
+                      ok: Callable[[Mapping[str, Any]], bool]) -> bool:
+    """True when a known dead end of ``knob=level`` itself excludes it: a rule naming the knob
+    answered one of its proposals, or the knowledge filter ``ok`` excludes the level alone. A
+    level whose proposals were skipped only for other knobs' dead ends is no dead end."""
+    return bool(_answered(ctx, records, knob, level)[1]) or not ok({knob: level})
+
+
+def level_reason(ctx: Context, records: Sequence[trial_records.TrialRecord], knob: str, level: Any,
+                 ok: Callable[[Mapping[str, Any]], bool]) -> str:
+    """Why no trial launched ``knob=level``: the rules (named by their knobs) that answered its
+    proposals, the dead end that excludes the level on its own, or that it was not drawn yet.
+
+    Args:
+        ctx: the findings context (its rules).  records: every trial.  ok: :func:`knowledge`."""
+    hit, own = _answered(ctx, records, knob, level)
     if hit:
         why = "; ".join(f"{t} ×{n}" if n > 1 else t for t, n in sorted(hit.items(), key=lambda kv: -kv[1]))
         if own:
             return f"a dead end of this level itself: {why}"
         return f"its proposals were skipped by dead ends on other knobs: {why}"
     if not ok({knob: level}):
+        rules_by_id = {str(r.id): r for r in ctx.rules}
         own = [_rule_text(rules_by_id, str(r.id)) for r in ctx.rules if r.knobs == {knob: level}]
         return "excluded by a known dead end: " + ("; ".join(own) if own else f"{knob}={level} degraded")
     return "not proposed yet"
@@ -161,7 +158,7 @@ def _owed_note(ctx: Context, launched: Sequence[trial_records.TrialRecord],
 def _knob_lines(ctx: Context, records: Sequence[trial_records.TrialRecord],
                 launched: Sequence[trial_records.TrialRecord]) -> list[str]:
     lines: list[str] = []
-    ok = _knowledge(ctx, records)
+    ok = knowledge(ctx, records)
     for p in ctx.space.params:
         try:
             lv = p.levels()
@@ -228,6 +225,7 @@ def untried_section(ctx: Context, records: Sequence[trial_records.TrialRecord], 
     """The "Still untried" section."""
     lines: list[str] = []
     launched = [r for r in records if r.launched]
+    probes = [r for r in launched if r.requestion]  # re-question probes: launched, outside the trial budget
     if ctx.space is not None:
         lines = _knob_lines(ctx, records, launched)
         combos = open_approaches(ctx, records, groups, gk) if gk else []
@@ -236,12 +234,11 @@ def untried_section(ctx: Context, records: Sequence[trial_records.TrialRecord], 
         left = remaining(ctx, records)
         if left is not None:
             total, n_launched, excluded, rest = left
-            n_probes = len({trial_records.config_key(r.params) for r in records if r.launched and r.requestion})
+            n_probes = len({trial_records.config_key(r.params) for r in probes})
             what = f" (with {n_probes} re-question probe{'s' if n_probes != 1 else ''})" if n_probes else ""
             lines.append(f"- configs: {total} feasible in the space = {n_launched} launched{what} + {excluded} excluded "
                          f"by known dead ends + **{rest} not yet tried**")
     cov = coverage_lines(ctx, [r for r in launched if not r.requestion])
-    probes = [r for r in launched if r.requestion]
     if cov and probes:  # the trial budget's launches only, as the quota counts them
         cov.append(f"- not counted above: {len(probes)} re-question probe{'s' if len(probes) != 1 else ''} "
                    f"({', '.join(f't{r.number}' for r in probes)}), one probe-only launch each of a known dead end "
