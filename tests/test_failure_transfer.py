@@ -973,3 +973,115 @@ def test_an_early_vllm_benchmarks_requests_per_second_is_work_done():
 
 def test_zero_requests_per_second_is_not():  # a guard of the rule above
     assert classify(_OLD_BENCH.format(rps="0.00")).failure_class != "healthy"
+
+
+# ------------------------------------------------------------------ test20 read
+def test_torchs_store_refusing_its_port_over_several_lines_is_not_our_port():
+    # SGLang's DP schedulers' TCPStore binds (sgl-project/sglang#37215, as posted)
+    log = ("torch.distributed.DistNetworkError:\nThe server socket has failed to listen on any local network address.\n"
+           "code: -98,\nname: EADDRINUSE,\nmessage: address already in use\n")
+    c = classify(log)
+    assert c.failure_class != "port_in_use" and c.kind != "infra"
+
+
+def test_the_http_servers_own_eaddrinuse_is_still_our_port():  # a guard of the rule above
+    log = ("INFO:     Started server process [1]\n"
+           "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): address already in use\n")
+    assert classify(log).failure_class == "port_in_use"
+
+
+_COLOURED = ("[0;36m(EngineCore_DP0 pid=224)[0;0m ERROR 03-03 10:59:11 [core.py:938]   File \"/vllm-workspace/vllm/vllm/"
+             "distributed/device_communicators/shm_broadcast.py\", line 536, in acquire_read\n"
+             "[0;36m(EngineCore_DP0 pid=224)[0;0m ERROR 03-03 10:59:11 [core.py:938]     raise TimeoutError\n"
+             "[0;36m(EngineCore_DP0 pid=224)[0;0m ERROR 03-03 10:59:11 [core.py:938] TimeoutError\n")
+
+
+def test_colour_codes_that_lost_their_escape_byte_are_still_a_prefix():
+    # vLLM's coloured process prefix as pasted into vllm-project/vllm-ascend#7015
+    assert classify(_COLOURED).failure_class == "engine_hang_detected"
+
+
+def test_a_bracketed_count_is_not_taken_for_a_colour_code():  # a guard of the rule above
+    from tasks.failure_events import strip_prefixes
+    assert strip_prefixes("evicted [5m] of cache, [10;2] kept")[0] == "evicted [5m] of cache, [10;2] kept"
+
+
+_FAKE = ("[rank0]: Exception: Capture cuda graph failed: Failed running call_function <built-in function linear>"
+         "(*(FakeTensor(..., device='cuda:0', size=(1, 3584), dtype=torch.bfloat16), {w}), **{{}}):\n"
+         "[rank0]: 'FakeTensor' object has no attribute 'layout_type'\n")
+
+
+def test_dynamo_failing_an_op_on_fake_tensors_is_the_compile_flag():
+    # SGLang's --enable-torch-compile with torchao's int8 weights (sgl-project/sglang#2219, as posted)
+    log = _FAKE.format(w="AffineQuantizedTensor(layout_tensor=FakeTensor(..., device='cuda:0', size=(576, 32, 32, 4)))")
+    assert classify(log).failure_class == "server_args_incompatible"
+
+
+def test_a_capture_failure_without_dynamos_words_stays_a_capture_failure():  # a guard of the rule above
+    log = "[rank0]: Exception: Capture cuda graph failed: CUDA error: operation not permitted when stream is capturing\n"
+    assert classify(log).failure_class != "server_args_incompatible"
+
+
+def test_llama_cpp_out_of_kv_slots_at_one_token_is_the_kv_cache():
+    # llama.cpp's server with a full context (ggml-org/llama.cpp#4185, as posted)
+    log = "".join(f"update_slots : failed to find free space in the KV cache, retrying with smaller n_batch = {n}\n"
+                  for n in (4, 2, 1)) + "update_slots : failed to decode the batch, n_batch = 1, ret = 1\n"
+    assert classify(log).failure_class == "kv_cache_pool_too_small"
+
+
+def test_llama_cpp_retrying_with_a_smaller_batch_is_no_verdict():  # a guard of the rule above
+    log = ("main: server is listening on http://127.0.0.1:8080 - starting the main loop\n"
+           "update_slots : failed to find free space in the KV cache, retrying with smaller n_batch = 256\n"
+           "slot 0 : released (105 tokens in cache)\n")
+    assert classify(log).failure_class != "kv_cache_pool_too_small"
+
+
+def test_a_wrappers_unknown_model_architecture_is_the_model():
+    # LM Studio's load error (lmstudio-ai/model-catalog#55, as posted)
+    log = ('{\n  "cause": "unknown model architecture: \'phi2\'",\n  "title": "Failed to load model",\n'
+           '  "errorData": {\n    "n_ctx": 32768\n  }\n}\n')
+    assert classify(log).failure_class == "model_load_error"
+
+
+def test_a_split_gguf_loaded_from_its_second_part_is_the_weights():
+    # WasmEdge's llama.cpp backend (moly-ai/moly-ai#159, as posted)
+    log = ("[error] [WASI-NN] llama.cpp: llama_model_load: error loading model: illegal split file: 2, model must be "
+           "loaded with the first split\n[error] [WASI-NN] llama.cpp: llama_load_model_from_file: failed to load model\n")
+    assert classify(log).failure_class == "model_weights_error"
+
+
+def test_ollama_timing_out_on_its_runner_is_a_startup_timeout():
+    # ollama/ollama#8690, as posted
+    log = ('ollama[3237]: time=2025-01-30T12:01:19.487Z level=ERROR source=sched.go:455 msg="error loading llama server" '
+           'error="timed out waiting for llama runner to start - progress 0.00 - "\n'
+           'ollama[3237]: time=2025-01-30T12:01:26.104Z level=WARN source=sched.go:646 msg="gpu VRAM usage didn\'t '
+           'recover within timeout" seconds=6.6\n')
+    assert classify(log).failure_class == "startup_timeout"
+
+
+def test_a_throughput_with_a_parenthetical_is_work_done():
+    # LMDeploy's profile_throughput (InternLM/lmdeploy#946, as posted)
+    log = ("concurrency: 256\nelapsed_time: 295.300s\n"
+           "token throughput (completion token): 2353.993 token/s\n"
+           "RPM (request per minute): 609.550 req/min\n")
+    assert classify(log).failure_class == "healthy"
+
+
+def test_a_zero_throughput_with_a_parenthetical_is_not():  # a guard of the rule above
+    log = "concurrency: 256\ntoken throughput (completion token): 0.000 token/s\n"
+    assert classify(log).failure_class != "healthy"
+
+
+_KUBELET = ("  Warning  Unhealthy  41s (x3 over 61s)    kubelet            {kind} probe failed: Get "
+            "\"http://10.0.10.177:8000/v2/health/live\": dial tcp 10.0.10.177:8000: connect: connection refused\n")
+
+
+def test_a_container_restarted_for_its_liveness_probe_is_a_failed_health_check():
+    # Triton under Kubernetes (triton-inference-server/server#7154, as posted)
+    log = _KUBELET.format(kind="Liveness") + ("  Normal   Killing    41s   kubelet   Container triton-inference-server "
+                                              "failed liveness probe, will be restarted\n")
+    assert classify(log).failure_class == "health_check_failed"
+
+
+def test_a_readiness_probe_failing_while_it_starts_is_not():  # a guard of the rule above
+    assert classify(_KUBELET.format(kind="Readiness")).failure_class != "health_check_failed"
