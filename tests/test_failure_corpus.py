@@ -216,6 +216,14 @@ def test_nearest_finds_a_dev_entry_from_its_own_decisive_line():
     assert tokens("[<TS> TP3] RuntimeError: NCCL error: unhandled system error") >= {"runtimeerror", "nccl", "unhandled"}
 
 
+def test_nearest_lists_no_entry_for_its_class_alone():
+    # an unknown whose line shares no words with any entry: other unknowns are not "near" it
+    decisive = lambda x: classify(x.log, x.exit_code, None).line  # noqa: E731
+    assert nearest("RuntimeError: something odd happened in frobnicator", "unknown", 3, ["dev"], decisive=decisive) == []
+    e = next(x for x in DEV if x.expected_class not in ("healthy", "unknown"))
+    assert nearest("zzz qqq", e.expected_class, 3, ["dev"], decisive=decisive) == []
+
+
 def test_cli_prints_class_kind_phase_decisive_line_and_nearest_links(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("[2026-01-01 00:00:00 TP0] Load weight begin. avail mem=94 GB\n"

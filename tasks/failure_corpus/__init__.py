@@ -215,12 +215,19 @@ def _index(parts: tuple[str, ...], root: str, decisive: Callable[[CorpusEntry], 
     return tuple((e, tokens(decisive(e))) for e in load_corpus(parts, root))
 
 
+#: the least Jaccard overlap of two decisive lines' tokens for an entry to be called near at all
+MIN_OVERLAP = 0.1
+
+
 def nearest(line: str, failure_class: str | None, k: int, parts: Iterable[str], *,
             decisive: Callable[[CorpusEntry], str], root: str | Path = CORPUS_DIR) -> list[Neighbour]:
     """The ``k`` corpus entries whose decisive line is most like ``line``.
 
     Similarity: the Jaccard index of the two lines' :func:`tokens`, plus 0.25 when the entry's
-    expected class is ``failure_class`` (capped at 1); entries scoring under 0.15 are left out.
+    expected class is ``failure_class`` and that class names a cause (not ``unknown``: two unknowns
+    share no cause), capped at 1. An entry whose line shares under :data:`MIN_OVERLAP` of its
+    tokens with ``line`` is left out whatever its class: a class alone is no likeness, and an empty
+    list ("none alike") is the honest answer. Entries scoring under 0.15 are left out too.
 
     Args:
         decisive: an entry's decisive line (``tasks.failures`` passes its classifier's), found
@@ -233,7 +240,9 @@ def nearest(line: str, failure_class: str | None, k: int, parts: Iterable[str], 
     for e, toks in _index(tuple(parts), str(root), decisive):
         union = want | toks
         score = len(want & toks) / len(union) if union else 0.0
-        if failure_class is not None and e.expected_class == failure_class:
+        if score < MIN_OVERLAP:
+            continue
+        if failure_class not in (None, "unknown") and e.expected_class == failure_class:
             score += 0.25
         if score >= 0.15:
             out.append(Neighbour(e.id, e.expected_class, e.url, e.part, round(min(score, 1.0), 3)))
