@@ -124,9 +124,10 @@ class Event:
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|</?(?:font|b|i|span|strong|code|em)\b[^>]{0,80}>")
 #: a colour code whose ESC byte a paste dropped (vLLM's "[0;36m(EngineCore_DP0 pid=224)[0;0m ERROR ..."
-#: as posted in vllm-project/vllm-ascend#7015): reset, or attributes joined by ";"; never a lone
-#: "[5m", which can be text
-_BARE_SGR = re.compile(r"\[(?:0|\d{1,2}(?:;\d{1,3})+)m")
+#: as posted in vllm-project/vllm-ascend#7015; "[31mERROR[0m [90m..." from vLLM's coloured
+#: levels; "^[[0;36m" as cat -v shows the byte): reset, bold, a foreground colour (30-37, 90-97), or
+#: attributes joined by ";"; never another lone number ("[5m"), which can be text
+_BARE_SGR = re.compile(r"(?:\^\[)?\[(?:0|1|3[0-7]|9[0-7]|\d{1,2}(?:;\d{1,3})+)m")
 
 
 def strip_prefixes(line: str) -> tuple[str, int | None, str]:
@@ -134,7 +135,7 @@ def strip_prefixes(line: str) -> tuple[str, int | None, str]:
     (terminal colour codes and the HTML colour tags of a pasted log dropped first)."""
     if "\x1b" in line or "</" in line:
         line = _ANSI.sub("", line)
-    if "[0" in line or ";3" in line:
+    if "m" in line and ("[0" in line or "[1" in line or "[3" in line or "[9" in line):
         line = _BARE_SGR.sub("", line)
     body, level, proc = line, None, ""
     for _ in range(8):

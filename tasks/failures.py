@@ -535,6 +535,11 @@ def _readable_last(v: LogView) -> str:
     return v.lines[i] if i is not None else ""
 
 
+#: a benchmark report's count of requests that failed, above zero (vLLM's and SGLang's "Failed
+#: requests: 3", LMDeploy's profile_restful_api "number of failed requests: 987")
+_FAILED_REQUESTS = re.compile(r"(?i)\b(?:number of )?failed requests\s*[:=|]\s*0*[1-9]")
+
+
 def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
     """The server served requests (SGLang's / vLLM's per-batch lines, a request answered) after
     line ``i`` and before the next fatal event (``past_all``: after every fatal event of the log):
@@ -543,15 +548,20 @@ def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
 
     A measured result of the work (the ``result`` stage: a test's bandwidth, a benchmark's
     throughput) counts after a warning or an error line, never after a fatal one: a test's stdout
-    can be flushed after its crash's traceback, where no server went on serving."""
+    can be flushed after its crash's traceback, where no server went on serving. Nor after a
+    report's own count of failed requests (LMDeploy's "number of failed requests: 987" above its
+    throughput): the throughput is of the few that passed."""
     v, keys = log.view, log.view.keys
     start = i
     if past_all:
         start = max([i] + [j for j, s in enumerate(v.severity) if s == FATAL and not _HARNESS.match(v.body(j))])
-    served = ("first_request",) if v.severity[start] == FATAL else ("first_request", "result")
+    served = ("first_request",) if v.severity[start] == FATAL or _FAILED_REQUESTS.search(v.body(start)) \
+        else ("first_request", "result")
     for j in range(start + 1, len(keys)):
         if log.form_stage[keys[j]] in served:
             return True
+        if _FAILED_REQUESTS.search(v.body(j)):
+            served = ("first_request",)
         if v.severity[j] == FATAL and not _HARNESS.match(v.body(j)):
             return False
     return False

@@ -1072,16 +1072,27 @@ def test_a_zero_throughput_with_a_parenthetical_is_not():  # a guard of the rule
     assert classify(log).failure_class != "healthy"
 
 
-_KUBELET = ("  Warning  Unhealthy  41s (x3 over 61s)    kubelet            {kind} probe failed: Get "
-            "\"http://10.0.10.177:8000/v2/health/live\": dial tcp 10.0.10.177:8000: connect: connection refused\n")
+_KUBELET = ("  Warning  Unhealthy  41s (x3 over 61s)    kubelet            {kind} probe failed: {why}\n")
+_RESTART = "  Normal   Killing    41s   kubelet   Container {name} failed liveness probe, will be restarted\n"
+_REFUSED = 'Get "http://10.0.10.177:8000/v2/health/live": dial tcp 10.0.10.177:8000: connect: connection refused'
 
 
-def test_a_container_restarted_for_its_liveness_probe_is_a_failed_health_check():
-    # Triton under Kubernetes (triton-inference-server/server#7154, as posted)
-    log = _KUBELET.format(kind="Liveness") + ("  Normal   Killing    41s   kubelet   Container triton-inference-server "
-                                              "failed liveness probe, will be restarted\n")
+def test_a_server_restarted_for_its_liveness_probes_5xx_is_a_failed_health_check():
+    log = _KUBELET.format(kind="Liveness", why="HTTP probe failed with statuscode: 503") + _RESTART.format(name="vllm")
     assert classify(log).failure_class == "health_check_failed"
 
 
-def test_a_readiness_probe_failing_while_it_starts_is_not():  # a guard of the rule above
-    assert classify(_KUBELET.format(kind="Readiness")).failure_class != "health_check_failed"
+def test_a_server_restarted_before_anything_listened_is_a_startup_timeout():
+    # Triton under Kubernetes, the probe refused while the model loaded (triton-inference-server/server#7154, as posted)
+    log = _KUBELET.format(kind="Liveness", why=_REFUSED) + _RESTART.format(name="triton-inference-server")
+    assert classify(log).failure_class == "startup_timeout"
+
+
+def test_a_readiness_probe_failing_while_it_starts_is_not():  # a guard of the rules above
+    assert classify(_KUBELET.format(kind="Readiness", why=_REFUSED)).failure_class not in (
+        "health_check_failed", "startup_timeout")
+
+
+def test_a_sidecar_restarted_for_its_probe_is_not_the_server():  # a guard of the rules above
+    log = _KUBELET.format(kind="Liveness", why="HTTP probe failed with statuscode: 503") + _RESTART.format(name="istio-proxy")
+    assert classify(log).failure_class != "health_check_failed"
