@@ -51,6 +51,16 @@ def test_estimate_is_linear_in_the_trial_budget_and_names_itself():
     assert f"{hours:.1f} GPU-hours" in msg and "rtx_pro_6000x8" in msg and "30 trials" in msg
 
 
+def test_estimate_parts_add_up_to_the_total_as_printed():
+    import re
+
+    hours, msg = estimate_gpu_hours(_spec())
+    m = re.search(r"~ ([\d.]+) GPU-hours.*: \d+ seed trials ([\d.]+) GPU-h \+ \d+ x [\d.]+ = ([\d.]+) GPU-h", msg)
+    assert m, msg
+    total, seeds, rest = (float(x) for x in m.groups())
+    assert abs(seeds + rest - total) <= 0.1 + 1e-9  # each part rounded to 0.1 once
+
+
 def test_estimate_is_real_node_cost_whatever_the_backend():
     base = estimate_gpu_hours(_spec())[0]
     assert estimate_gpu_hours(_spec("backend.emulator.time_scale=0.002"))[0] == pytest.approx(base)

@@ -193,7 +193,8 @@ def estimate_gpu_hours(spec: SweepSpec, sample: int = DEFAULT_SAMPLE, seed: int 
     msg = (f"Estimated cost on the real node (a projection from the emulator's model): {what} ~ {hours:.1f} "
            f"GPU-hours{' (capped by budget.gpu_hours)' if capped else ''} "
            f"on {spec.node.name} ({per} GPUs/trial, ~{wall_h:.1f} h on one node): {n_seed} seed trials "
-           f"{sum(est_seed['gpu_s'][:n_seed]) / 3600:.1f} GPU-h + {rest} x {mean_gpu / 3600:.2f} GPU-h, modelled "
+           f"{sum(est_seed['gpu_s'][:n_seed]) / 3600:.1f} GPU-h + {rest} x {mean_gpu / 3600:.2f} = "
+           f"{rest * mean_gpu / 3600:.1f} GPU-h, modelled "
            f"at real speed over {len(samples)} sampled configs ({100 * skipped:.0f} % rule-skipped after the seeds)")
     if spec.sweep.mode == "recheck":
         msg += ("; recheck: the source's dead ends and canaries to re-run, each priced at a sampled config's mean"
