@@ -44,7 +44,7 @@ from pathlib import Path
 import yaml
 
 from tasks.failure_corpus import PARTS
-from tasks.failure_events import ERROR, ERRORISH, FATAL, WARN, LogView
+from tasks.failure_events import ERROR, ERRORISH, FATAL, WARN, LogView, strip_prefixes
 from tasks.failure_signatures import (
     CHECK_NAMES,
     MAX_LINE_CHARS,
@@ -781,6 +781,36 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     return _make("unknown", decisive or _last_line(lines), f"<no log output, {code}>", where)
 
 
+#: an exception line with no message: a bare ``assert`` failing, ``raise TimeoutError``
+_BARE_EXC = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)\s*$")
+#: a traceback's source line (not its ``File ...`` frame, a caret line or an elision)
+_SOURCE = re.compile(r"^\s{2,}(?!File \")(?![\^~\s]*$)\S")
+
+
+def _raised_by(c: Classification, text: str) -> Classification:
+    """``c`` quoting the source line that raised its decisive exception when that exception
+    carries no message (``AssertionError`` alone under ``assert TopKOutputChecker.format_is_bypassed(
+    topk_output)``): the statement is what an engineer reads, and a bare name would give every
+    bare assertion one signature, grouping unrelated failures. The class is unchanged; the line
+    quoted is still a line of the log, and the signature is that line's."""
+    if not c.line or not _BARE_EXC.match(strip_prefixes(c.line)[0].strip()):
+        return c
+    lines = text.splitlines()
+    try:
+        i = lines.index(c.line)
+    except ValueError:
+        return c
+    if i == 0:
+        return c
+    above = lines[i - 1]
+    body = strip_prefixes(above)[0]
+    if not _SOURCE.match(body) or not body.strip():
+        return c
+    sig = normalize_line(above)
+    return Classification(c.failure_class, c.kind, sig if c.signature == normalize_line(c.line) else c.signature,
+                          above, c.phase)
+
+
 def classify(log_text: str, exit_code: int | None = None, phase: str | None = None) -> Classification:
     """Classify one trial's failure (or healthy-server perf finding).
 
@@ -800,7 +830,7 @@ def classify(log_text: str, exit_code: int | None = None, phase: str | None = No
         signature rather than losing the trial's result.
     """
     try:
-        return _classify(str(log_text or ""), exit_code, phase)
+        return _raised_by(_classify(str(log_text or ""), exit_code, phase), str(log_text or ""))
     except Exception as e:  # noqa: BLE001 - the result must survive a classifier bug
         return Classification("unknown", KIND["unknown"], f"<classifier error: {type(e).__name__}>", "")
 

@@ -1096,3 +1096,25 @@ def test_a_readiness_probe_failing_while_it_starts_is_not():  # a guard of the r
 def test_a_sidecar_restarted_for_its_probe_is_not_the_server():  # a guard of the rules above
     log = _KUBELET.format(kind="Liveness", why="HTTP probe failed with statuscode: 503") + _RESTART.format(name="istio-proxy")
     assert classify(log).failure_class != "health_check_failed"
+
+
+def test_a_bare_assertion_is_quoted_by_the_statement_that_raised_it():
+    # the emulated node's FlashInfer all-to-all assertion (tasks/emulator/failure_logs.py a2a_failure)
+    log = ("[2026-11-29 15:02:45 TP3] Scheduler hit an exception: Traceback (most recent call last):\n"
+           '  File "<VENV>/sglang/srt/layers/moe/moe_runner/flashinfer_trtllm.py", line 686, in fused_experts\n'
+           "    assert TopKOutputChecker.format_is_bypassed(topk_output)\nAssertionError\n")
+    c = classify(log, -9, "startup")
+    assert c.line == "    assert TopKOutputChecker.format_is_bypassed(topk_output)", c
+    assert c.signature == "assert TopKOutputChecker.format_is_bypassed(topk_output)"
+
+
+def test_two_bare_assertions_of_different_statements_get_two_signatures():  # a guard of the rule above
+    tb = ("Traceback (most recent call last):\n  File \"/x/{m}.py\", line 1, in f\n    assert {cond}\nAssertionError\n")
+    a, b = classify(tb.format(m="a", cond="x > 0")), classify(tb.format(m="b", cond="y is None"))
+    assert a.failure_class == b.failure_class == "unknown" and a.signature != b.signature, (a, b)
+
+
+def test_an_exception_with_a_message_keeps_its_own_line():  # a guard of the rule above
+    log = ("Traceback (most recent call last):\n  File \"/x/a.py\", line 1, in f\n    raise ValueError(msg)\n"
+           "ValueError: bad shape\n")
+    assert classify(log).line == "ValueError: bad shape"
