@@ -1118,3 +1118,90 @@ def test_an_exception_with_a_message_keeps_its_own_line():  # a guard of the rul
     log = ("Traceback (most recent call last):\n  File \"/x/a.py\", line 1, in f\n    raise ValueError(msg)\n"
            "ValueError: bad shape\n")
     assert classify(log).line == "ValueError: bad shape"
+
+
+# ------------------------------------------------------------------ test21 read
+def test_systemds_oom_notice_for_a_served_unit_is_the_host_oom_killer():
+    # llama-server run as a systemd unit (ggml-org/llama.cpp#20509, as posted)
+    log = ("srv   prompt_save:  - saving prompt with length 28960, total state size = 3462.850 MiB\n\n"
+           "A process of this unit has been killed by the OOM killer.\n")
+    c = classify(log)
+    assert (c.failure_class, c.kind) == ("host_oom_killed", "infra")
+
+
+def test_a_unit_stopped_by_hand_is_not():  # a guard of the rule above
+    log = "llama-server.service: Deactivated successfully.\nStopped llama-server.service - llama.cpp server.\n"
+    assert classify(log).failure_class != "host_oom_killed"
+
+
+def test_getopts_refusal_of_a_servers_option_is_the_command_line():
+    # tritonserver under clearml-serving (allegroai/clearml-serving#88, as posted)
+    log = ("clearml-serving - Nvidia Triton Engine Controller\n"
+           "tritonserver: unrecognized option '--t_exit_on_error=True'\nUsage: tritonserver [options]\n  --help\n")
+    assert classify(log).failure_class == "cli_arg_error"
+
+
+def test_an_option_named_in_a_help_text_is_not():  # a guard of the rule above
+    log = "Usage: tritonserver [options]\n  --exit-on-error <boolean>\n        Exit the inference server if an error occurs.\n"
+    assert classify(log).failure_class != "cli_arg_error"
+
+
+def test_experts_that_do_not_divide_over_the_ep_ranks_are_the_ep_config():
+    # vLLM with EPLB on 3 data-parallel ranks (vllm-project/vllm#52435, as posted)
+    log = ("(Worker_DP2_EP2 pid=1216) ERROR 08-15 08:18:38 multiproc_executor.py:912] AssertionError: "
+           "n_physical_experts=256 must be divisible by ep_size=3. Adjust num_redundant_experts.\n")
+    assert classify(log).failure_class == "moe_ep_a2a_config_error"
+
+
+def test_c10ds_watchdog_hitting_a_capture_is_nccls_graph_capture_error():
+    # vLLM on ROCm 7.0 (ROCm/hip#3876, as posted)
+    log = ("[rank0]:[E1030 15:32:32.970893361 ProcessGroupNCCL.cpp:2055] [PG ID 5 PG GUID 51 Rank 0] Process group "
+           "watchdog thread terminated with exception: HIP error: operation not permitted when stream is capturing\n")
+    assert classify(log).failure_class == "nccl_graph_capture_error"
+
+
+def test_a_kernel_refused_under_capture_away_from_nccl_stays_a_capture_failure():  # a guard of the rule above
+    log = ("Capture cuda graph failed: CUDA error: operation not permitted when stream is capturing\n"
+           "  File \"/x/sampler.py\", line 3, in forward\n")
+    assert classify(log).failure_class == "cuda_graph_capture_failed_other"
+
+
+_TRITON_TABLE = ("I0524 03:33:13.130393 2517 server.cc:677]\n"
+                 "+--------------+---------+------------------------------+\n"
+                 "| Model        | Version | Status                       |\n"
+                 "+--------------+---------+------------------------------+\n"
+                 "| tensorrt_llm | 1       | {status} |\n"
+                 "+--------------+---------+------------------------------+\n")
+
+
+def test_a_model_triton_marks_unavailable_failed_to_load():
+    # NVIDIA/TensorRT-LLM#1659, as posted (one row)
+    status = "UNAVAILABLE: Internal: unexpected error when creating modelInstanceState: key 'num_layers' not found"
+    assert classify(_TRITON_TABLE.format(status=status)).failure_class == "model_load_error"
+
+
+def test_a_model_triton_marks_ready_did_not():  # a guard of the rule above
+    assert classify(_TRITON_TABLE.format(status="READY")).failure_class != "model_load_error"
+
+
+def test_a_grpc_unavailable_outside_tritons_table_is_not_a_model_load():  # a guard of the rule above
+    log = "UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:8001\n"
+    assert classify(log).failure_class != "model_load_error"
+
+
+def test_an_engine_built_without_in_flight_batchings_plugins_is_an_incompatible_setting():
+    # triton-inference-server/tensorrtllm_backend#40, as posted
+    log = ("E1025 09:17:53.664847 126 backend_model.cc:553] ERROR: Failed to create instance: unexpected error when "
+           "creating modelInstanceState: TrtGptModelInflightBatching requires GPT attention plugin with packed input "
+           "and paged KV cache.\n")
+    assert classify(log).failure_class == "server_args_incompatible"
+
+
+def test_a_slow_tokenizers_sentencepiece_load_failing_is_the_model():
+    # TGI loading xgen with LlamaTokenizer (huggingface/text-generation-inference#538, as posted)
+    log = ("Traceback (most recent call last):\n"
+           "  File \"/opt/conda/lib/python3.9/site-packages/transformers/models/llama/tokenization_llama.py\", line 96, "
+           "in __init__\n    self.sp_model.Load(vocab_file)\n"
+           "  File \"/opt/conda/lib/python3.9/site-packages/sentencepiece/__init__.py\", line 310, in LoadFromFile\n"
+           "    return _sentencepiece.SentencePieceProcessor_LoadFromFile(self, arg)\nTypeError: not a string\n")
+    assert classify(log).failure_class == "model_load_error"
