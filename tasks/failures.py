@@ -61,6 +61,7 @@ from tasks.perf_findings import (
     detect_perf_findings,
     detect_perf_tags,
     first_perf_line,
+    requested_paths,
     spec_bench_finding,
     spec_no_speedup,
 )
@@ -145,6 +146,15 @@ _CHECKS: dict[str, Callable[[str], str | None]] = {
     "spec_decode_no_speedup": _speedup_check,
     "allreduce_path_degraded": lambda text: first_perf_line(text, "allreduce_path_degraded"),
 }
+
+
+def _requested_degraded(text: str) -> str | None:
+    """The first line saying an all-reduce path the log's own arguments asked for was turned off,
+    or None: for a log with no exit code (a log alone), where no trial says which path it expected
+    (vLLM and SGLang warn that custom all-reduce is off on every PCIe node, asked for or not)."""
+    asked = requested_paths(text)
+    return next((f.line for f in detect_perf_findings(text) if f.tag == "allreduce_path_degraded" and f.path in asked),
+                None)
 if set(_CHECKS) != set(CHECK_NAMES):  # the table validates names against CHECK_NAMES
     raise SignatureTableError(f"checks implemented {sorted(_CHECKS)} != declared {sorted(CHECK_NAMES)}")
 
@@ -681,8 +691,12 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
     alone = phase is None and exit_code in (None, 0)
     for n, row in enumerate(SIGNATURES):
         if row.check is not None:
-            if best is None and (row.exit_codes is None or exit_code in row.exit_codes):
-                line = _CHECKS[row.check](text)
+            # a perf finding is of a server that came up: with no exit code (still running, or a log
+            # alone) the log must show it up; a server killed while starting is no perf finding
+            up = exit_code is not None or any(s in log.reached for s in _UP_STAGES) or "api_up" in log.reached
+            if best is None and up and (row.exit_codes is None or exit_code in row.exit_codes):
+                line = (_requested_degraded(text) if row.check == "allreduce_path_degraded" and exit_code is None
+                        else _CHECKS[row.check](text))
                 if line is not None:
                     return _make(row.failure_class, line, f"<{row.failure_class}>", PHASE_NAMES.get(stages[-1], ""))
             continue

@@ -156,6 +156,21 @@ def detect_perf_tags(log_text: str, expected_paths: Mapping[str, object] | None 
     return tags
 
 
+#: an engine's own record of the all-reduce paths it was asked to use: SGLang's ``server_args=ServerArgs(...)``
+#: and vLLM's engine config line both print these arguments
+_REQUESTED = {
+    "custom_allreduce": re.compile(r"\bdisable_custom_all_reduce=False\b"),
+    "torch_symm_mem": re.compile(r"\benable_torch_symm_mem=True\b"),
+    "flashinfer_fusion": re.compile(r"\benable_flashinfer_allreduce_fusion=True\b"),
+}
+
+
+def requested_paths(text: str) -> set[str]:
+    """The all-reduce paths a log's own argument dump shows were asked for (``custom_allreduce``,
+    ``torch_symm_mem``, ``flashinfer_fusion``); empty when the log prints no arguments."""
+    return {path for path, pat in _REQUESTED.items() if pat.search(text)}
+
+
 def first_perf_line(text: str, tag: str) -> str | None:
     """The raw line of the first finding with ``tag`` in ``text``, or None."""
     for f in detect_perf_findings(text):

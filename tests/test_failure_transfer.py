@@ -1205,3 +1205,26 @@ def test_a_slow_tokenizers_sentencepiece_load_failing_is_the_model():
            "  File \"/opt/conda/lib/python3.9/site-packages/sentencepiece/__init__.py\", line 310, in LoadFromFile\n"
            "    return _sentencepiece.SentencePieceProcessor_LoadFromFile(self, arg)\nTypeError: not a string\n")
     assert classify(log).failure_class == "model_load_error"
+
+
+# ------------------------------------------------------------------ a degraded path in a log alone
+_DEGRADED = ("[2026-12-05 17:42:40] server_args=ServerArgs(model_path='m', tp_size=8, disable_custom_all_reduce={off}, "
+             "enable_torch_symm_mem=False)\n"
+             "[2026-12-05 17:42:46 TP0] Custom allreduce is disabled because it's not supported on more than two "
+             "PCIe-only GPUs.\n"
+             "[2026-12-05 17:43:10] The server is fired up and ready to roll!\n")
+
+
+def test_a_log_alone_that_asked_for_custom_allreduce_and_lost_it_is_a_perf_finding():
+    # what the sweep calls the custom level's trial (the probe log of an emulated campaign)
+    c = classify(_DEGRADED.format(off="False"))
+    assert (c.failure_class, c.kind) == ("allreduce_path_degraded", "perf"), c
+
+
+def test_a_log_alone_that_never_asked_for_it_stays_healthy():  # a guard of the rule above
+    assert classify(_DEGRADED.format(off="True")).failure_class == "healthy"
+
+
+def test_a_server_killed_while_starting_is_no_perf_finding():  # a guard of the rule above
+    log = _DEGRADED.format(off="False").rsplit("[2026-12-05 17:43:10]", 1)[0]
+    assert classify(log, None, "startup").failure_class == "startup_timeout"
