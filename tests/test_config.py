@@ -75,10 +75,16 @@ def _err(overrides):
         (["backend.launcher=[]"], "backend.launcher"),
         (["sweep.confirm.repeats=6", "sweep.confirm.max_repeats=4"], "raise max_repeats to at least 6"),
         (["sweep.confirm.margin=0"], "sweep.confirm.margin"),
+        # a variable a searched knob sets: its "default" level would run with the override
+        (["+backend.env.NCCL_ALGO=Rnig"], "backend.env.NCCL_ALGO: the searched knob sweep.params.nccl_algo sets"),
     ],
 )
 def test_bad_config_names_the_field(overrides, needle):
     assert needle in _err(overrides)
+
+
+def test_a_backend_env_variable_no_knob_sets_is_accepted():  # a guard of the overlap check
+    load_spec(compose_cfg(["+backend.env.NCCL_DEBUG=WARN"]))
 
 
 def test_unknown_group_option_is_a_hydra_error():

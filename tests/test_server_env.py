@@ -51,3 +51,17 @@ def test_every_name_the_log_redaction_masks_is_withheld_from_the_servers():
     fwd, withheld = shell_env(names, {})
     assert sorted(withheld) == ["CUDA_PASSPHRASE", "HF_AUTH", "HF_TOKEN", "SGLANG_CREDENTIAL"]
     assert fwd == {"HF_HOME": "/h", "NCCL_ALGO": "Ring", "SGLANG_MAX_TOKENS": "9"}
+
+
+def test_a_shell_variable_a_searched_knob_sets_is_not_forwarded(caplog):
+    from sweeps.config.server_env import with_shell_env
+    from sweeps.config.spec import backend_dict, knob_env_vars
+
+    spec = load_spec(compose_cfg([]))  # the campaign's sweep searches nccl_algo and nccl_proto
+    knobs = knob_env_vars(spec)
+    assert knobs.get("NCCL_ALGO") == "nccl_algo" and knobs.get("NCCL_PROTO") == "nccl_proto"
+    with caplog.at_level(logging.INFO, logger="servesweep"):
+        got = with_shell_env(backend_dict(spec), {"NCCL_ALGO": "Ring", "NCCL_DEBUG": "WARN"}, knob_vars=knobs)
+    # the nccl_algo=default level must run with NCCL_ALGO unset, as it is credited
+    assert "NCCL_ALGO" not in got["env"] and got["env"]["NCCL_DEBUG"] == "WARN"
+    assert "not forwarded to the servers: NCCL_ALGO, set by the searched knob(s) nccl_algo" in caplog.text

@@ -41,11 +41,24 @@ def shell_env(environ: Mapping[str, str], configured: Mapping[str, Any]) -> tupl
     return fwd, withheld
 
 
-def with_shell_env(backend: dict[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def with_shell_env(backend: dict[str, Any], environ: Mapping[str, str] | None = None,
+                   knob_vars: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``backend`` (a ``backend_dict``) with the forwarded shell variables added under its
-    ``env`` (``backend.env`` keys win); logs the forwarded names and warns about withheld ones."""
+    ``env`` (``backend.env`` keys win); logs the forwarded names and warns about withheld ones.
+
+    Args:
+        knob_vars: ``{variable: knob}`` a searched knob sets (``sweeps.config.spec.knob_env_vars``):
+            never forwarded, so that a level leaving one unset (``nccl_algo=default``) runs unset and
+            is credited with what it ran; a warning names them."""
     env = dict(backend.get("env") or {})
-    fwd, withheld = shell_env(os.environ if environ is None else environ, env)
+    environ = os.environ if environ is None else environ
+    knob_vars = dict(knob_vars or {})
+    shadowed = sorted(k for k in environ if k in knob_vars and k not in env and k.startswith(PREFIXES))
+    if shadowed:
+        log.warning("not forwarded to the servers: %s, set by the searched knob(s) %s; unset them in the shell "
+                    "(each level sets or leaves them unset itself)", ", ".join(shadowed),
+                    ", ".join(sorted({knob_vars[k] for k in shadowed})))
+    fwd, withheld = shell_env({k: v for k, v in environ.items() if k not in knob_vars}, env)
     if fwd:
         log.info("forwarding to the servers from the driver's shell: %s (set them in backend.env to make "
                  "them part of the sweep config)", ", ".join(fwd))

@@ -526,11 +526,49 @@ def _check_knob_levels(spec: SweepSpec, space: SearchSpace) -> list[str]:
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in p.choices):
             out.append(f"{where}.choices: {p.name} takes numbers only (got {list(p.choices)})")
         if p.type == "categorical" and base:
+            envs = []
             for level in p.choices:
                 try:
-                    render_trial(spec, {**base, p.name: level})
+                    envs.append(render_trial(spec, {**base, p.name: level})[1])
                 except KnobError as e:
                     out.append(f"{where}.choices: level {level!r}: {e}")
+            out += _env_overlaps(spec, p.name, list(p.choices), envs)
+    return out
+
+
+def knob_env_vars(spec: SweepSpec) -> dict[str, str]:
+    """``{environment variable: knob}`` for the variables a searched knob sets: the rendered
+    environment of the knob's levels (the baseline's other values) differs in them. Empty when the
+    baseline does not render (the config's own checks name that)."""
+    space = spec.space
+    try:
+        base = space.normalize(spec.sweep.baseline)
+    except SpaceError:
+        return {}
+    out: dict[str, str] = {}
+    for p in space.params:
+        if p.type != "categorical":
+            continue
+        try:
+            envs = [render_trial(spec, {**base, p.name: level})[1] for level in p.choices]
+        except KnobError:
+            continue
+        for var in set().union(*envs):
+            if len({e.get(var) for e in envs}) > 1:
+                out.setdefault(var, p.name)
+    return out
+
+
+def _env_overlaps(spec: SweepSpec, knob: str, levels: list[Any], envs: list[dict[str, str]]) -> list[str]:
+    """``backend.env`` variables a searched knob also sets: the rendered environment of the knob's
+    levels differs in them. A level that leaves the variable unset (``nccl_algo=default``) would
+    run with ``backend.env``'s value and its result be credited to that level."""
+    out = []
+    for var, value in sorted(spec.backend.env.items()):
+        if len({e.get(var) for e in envs}) > 1:
+            out.append(f"backend.env.{var}: the searched knob sweep.params.{knob} sets {var} too (levels {levels}); "
+                       f"a level that leaves it unset would run with {var}={value!r} and its result be credited to that "
+                       f"level. Remove {var} from backend.env, or search its values with the knob")
     return out
 
 

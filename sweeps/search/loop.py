@@ -21,7 +21,7 @@ import optuna
 
 from sweeps.config.server_env import with_shell_env
 from sweeps.config.space import SearchSpace
-from sweeps.config.spec import SweepSpec, backend_dict
+from sweeps.config.spec import SweepSpec, backend_dict, knob_env_vars
 from sweeps.rules.store import RuleStore
 from sweeps.run.executor import Executor, RayExecutor
 from sweeps.run.ownership import StudyHold, abandon, hold_study, prepare
@@ -77,7 +77,8 @@ class SweepLoop:
         self.study_name = study_name or spec.study
         self.objectives = spec.objective_set
         self.profile = emulator_profile(spec)
-        self.backend = with_shell_env(backend_dict(spec))  # NCCL_*, CUDA_*, ... from the shell reach the servers
+        # NCCL_*, CUDA_*, ... from the shell reach the servers, but not a variable a searched knob sets
+        self.backend = with_shell_env(backend_dict(spec), knob_vars=knob_env_vars(spec))
         self.searcher: Searcher | None = None
         self.runner: Runner[InFlight] | None = None
         self._fingerprint: dict[str, str] = {}  # until the searcher holds it
