@@ -286,10 +286,18 @@ def test_a_tie_the_race_could_not_decide_asks_for_a_higher_cap(tmp_path):
             "entries": [{**e, "n": 5 if e["trial"] == 2 else 3} for e in CONF["entries"]]}
     sec = render_section(ctx(tmp_path, conf=conf), sweep())[0].split("### Next steps")[1]
     assert "the winner t2 89.9 (86.0–93.9, 5 runs) overlaps t1 88.6 (83.3–93.9, 3 runs)." in sec
-    assert ("The race stopped them early: projected to `max_repeats` (8 per config) from their means and "
-            "spreads so far, they could still not be decided.") in sec
+    assert ("The race stopped them early, at 3-5 runs (`max_repeats` 8 per config): projected to the cap from "
+            "their means and spreads so far, they could still not be decided.") in sec
     assert "at 5 repeats" not in sec and "8 could not decide" not in sec
     assert "sweep.confirm.max_repeats=16" in sec and "sweep.confirm.repeats=" not in sec
+
+
+def test_a_tie_only_some_of_which_reached_the_cap_is_not_said_to_have_reached_it(tmp_path):
+    conf = {**CONF, "max_repeats": 8, "decision": {"status": "undecidable"},
+            "entries": [{**e, "n": 8 if e["trial"] == 1 else 5} for e in CONF["entries"]]}
+    sec = render_section(ctx(tmp_path, conf=conf), sweep())[0].split("### Next steps")[1]
+    assert "ran them to its cap" not in sec
+    assert "The race stopped them early, at 5-8 runs (1 of them at its cap, `max_repeats` 8 per config)" in sec
 
 
 def test_a_winner_the_race_added_is_not_called_a_sweep_measurement():
@@ -361,3 +369,22 @@ def test_an_approachs_speedup_is_of_its_confirmed_mean_not_its_single_draw(tmp_p
     table = text.split("### Approaches", 1)[1].split("\n### ", 1)[0]
     # t1 drew 91.6 once (1.12x the confirmed baseline 82.0) and was re-measured at 88.6 (1.08x)
     assert "| 91.6 (t1), confirmed 88.6 | 1.08x |" in table, table
+
+
+def test_a_conditional_knobs_tie_names_the_config_it_ties_with_not_the_best(tmp_path):
+    # two EAGLE-3 trials within noise of each other, both far below the plain winner: eagle_topk=2 ties
+    # with the best EAGLE-3 config, which is not "the best or better"
+    e1 = rec(6, 55.2, accept=2.0, speculative="eagle3", cuda_graph_max_bs=128, eagle_num_steps=3, eagle_topk=1,
+             eagle_num_draft_tokens=4)
+    e2 = rec(7, 54.9, accept=2.0, speculative="eagle3", cuda_graph_max_bs=128, eagle_num_steps=3, eagle_topk=2,
+             eagle_num_draft_tokens=4)
+    from sweeps.config.spec import load_spec
+    from tests.conftest import compose_cfg
+
+    space = load_spec(compose_cfg([])).space  # the campaign's: the eagle_* knobs apply with speculative=eagle3
+    text, _ = render_section(ctx(tmp_path, space=space), [*sweep(), e1, e2])
+    sec = text.split("### What ran and lost")[1].split("\n### ")[0]
+    best_or_better = next((ln for ln in sec.splitlines() if ln.startswith("- Not losses: ")), "")
+    assert "eagle_topk" not in best_or_better
+    where = next(ln for ln in sec.splitlines() if ln.startswith("- Not losses where their knob applies"))
+    assert "of the best such config (t6, 55.2 tok/s) or better: `eagle_topk=2` (54.9 tok/s, t7)" in where

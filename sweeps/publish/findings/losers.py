@@ -181,7 +181,8 @@ def losers_section(ctx: Context, recs: Sequence[records.TrialRecord], best: reco
     base_ms = baseline_ms_per_token(recs, ctx.confirmation, obj)
     best_m = measured(best, ctx.confirmation, obj)
     lines: list[str] = []
-    ties: list[str] = []
+    ties: dict[int | None, list[str]] = {}  # by the trial they tie with: the best, or the best where a knob applies
+    refs: dict[int | None, Measured] = {}
     for knob, when in _knobs(ctx, recs):
         active = [r for r in launched if knob in r.params]
         if when and not all(best.params.get(k) in v for k, v in when.items()):
@@ -196,12 +197,20 @@ def losers_section(ctx: Context, recs: Sequence[records.TrialRecord], best: reco
             runs = [r for r in active if r.params[knob] == level]
             tie = _tied(ctx, runs, ref_m, ref, knob)
             if tie is not None:
-                ties.append(f"`{knob}={level}` ({measure.value_text(tie[1], obj)}, t{tie[0].number})")
+                key = None if ref is best else (ref.number if ref is not None else None)
+                refs.setdefault(key, ref_m)
+                ties.setdefault(key, []).append(f"`{knob}={level}` ({measure.value_text(tie[1], obj)}, t{tie[0].number})")
                 continue
             lines.append(_level_line(ctx, knob, level, runs, ref_m, ref, base, base_ms, scope))
-    if ties:  # a level within noise of the best did not lose: it is listed once, as a tie
-        lines.append(f"- Not losses: within run-to-run noise (±{DRIFT_THRESHOLD * 100:.0f} %) of the best or better: "
-                     + ", ".join(ties))
+    # a level within noise of the best did not lose: it is listed once, as a tie; a conditional knob's
+    # level is compared with the best config where the knob applies, and says so with that config
+    noise = f"within run-to-run noise (±{DRIFT_THRESHOLD * 100:.0f} %)"
+    for key, tied in ties.items():
+        if key is None:
+            lines.append(f"- Not losses: {noise} of the best or better: " + ", ".join(tied))
+        else:
+            lines.append(f"- Not losses where their knob applies: {noise} of the best such config "
+                         f"(t{key}, {measure.value_text(refs[key].value, obj)}) or better: " + ", ".join(tied))
     if not lines:
         return []
     extra = [f"- (+{len(lines) - MAX_LEVELS} more levels)"] if len(lines) > MAX_LEVELS else []

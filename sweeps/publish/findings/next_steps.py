@@ -103,16 +103,22 @@ def _tie_lines(ctx: Context) -> list[str]:
         return []
     rep = int(conf.get("repeats") or 0)
     cap = int(conf.get("max_repeats") or 0)  # 0: a confirmation stored without a race
-    done = max(int(e.get("n") or 0) for e in [win, *ties])
+    ns = [int(e.get("n") or 0) for e in [win, *ties]]
+    at_cap = sum(n >= cap for n in ns) if cap else 0
     status = (conf.get("decision") or {}).get("status")
-    if cap and status == "undecidable" and done < cap:
-        # the race stopped early: its cap could not decide them (projected); only a higher cap can
-        why, flag = (f" The race stopped them early: projected to `max_repeats` ({cap} per config) from their "
-                     f"means and spreads so far, they could still not be decided.",
-                     f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}")
-    elif cap and (status == "budget_spent" or done >= cap):
+    runs = f"{min(ns)}" if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}"
+    if cap and at_cap == len(ns):
         # the race already ran each config to its cap: only a higher cap adds repeats (they accumulate)
         why, flag = (f" The race ran them to its cap (`max_repeats`, {cap} per config).",
+                     f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}")
+    elif cap and status == "undecidable":
+        # the race stopped early: its cap could not decide them (projected); only a higher cap can
+        reached = f"{at_cap} of them at its cap, " if at_cap else ""
+        why, flag = (f" The race stopped them early, at {runs} runs ({reached}`max_repeats` {cap} per config): "
+                     f"projected to the cap from their means and spreads so far, they could still not be decided.",
+                     f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}")
+    elif cap and status == "budget_spent":
+        why, flag = (f" The race's launch budget ran out with them at {runs} runs (`max_repeats` {cap} per config).",
                      f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}")
     else:
         why, flag = "", f"sweep.confirm.repeats={max(2 * rep, rep + 3)}"
