@@ -97,7 +97,7 @@ def render_section(ctx: Context, records: Sequence[trial_records.TrialRecord],
     L += environment_section(ctx)
     L += baseline_section(ctx, recs, base, cur_entry, hist)
     L += best_section(best, base, conf, winner_entry, obj, ctx, summary)
-    L += approaches_section(gk, groups, base, obj, conf)
+    L += approaches_section(gk, groups, base, obj, conf, best)
     L += losers_section(ctx, recs, best, base)
     L += break_even_section(recs, conf, obj)
     L += load_section(ctx, recs)

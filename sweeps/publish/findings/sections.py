@@ -180,12 +180,15 @@ def best_section(best: records.TrialRecord | None, base: float | None, conf: Map
 
 
 def approaches_section(gk: list[str], groups: dict[tuple, Group], base: float | None,
-                       obj: Objective | None = None, conf: Mapping[str, Any] | None = None) -> list[str]:
+                       obj: Objective | None = None, conf: Mapping[str, Any] | None = None,
+                       winner: records.TrialRecord | None = None) -> list[str]:
     """The "Approaches" table: one row per combination of the grouping knobs (only those
     launched or skipped when there are more than :data:`MAX_GROUP_ROWS`), with the best
     objective value (default decode_tok_s; a sweep measurement, followed by its confirmed
     mean when ``conf`` re-measured that trial) and its ratio to the baseline (of the confirmed
-    mean when there is one: the number the headline quotes, not the single draw)."""
+    mean when there is one: the number the headline quotes, not the single draw). The approach
+    of the confirmed ``winner`` shows the winner when its confirmed mean is the better one (a
+    config the confirmation's race added has no sweep trial in any group)."""
     obj = obj or Objective()
     if not gk:
         return []
@@ -200,6 +203,14 @@ def approaches_section(gk: list[str], groups: dict[tuple, Group], base: float | 
         cm = measured(next(r for r in g.ok if r.number == bt), conf, obj) if bv is not None else None
         best_txt = f"{fmt(bv)} (t{bt})" + (f", confirmed {fmt(cm.value)}" if cm and cm.confirmed else "")
         sv = cm.value if cm and cm.confirmed else bv
+        wm = measured(winner, conf, obj) if winner is not None and winner.number != bt else None
+        if (wm is not None and wm.confirmed and wm.value is not None
+                and tuple(winner.params.get(k) for k in gk) == tuple(g.key)
+                and (sv is None or not (cm and cm.confirmed) or obj.better(wm.value, sv))):
+            best_txt = f"{fmt(wm.value)} (t{winner.number}, the winner, confirmed)" + (
+                f"; best single draw {fmt(bv)} (t{bt})" + (f", confirmed {fmt(cm.value)}" if cm and cm.confirmed else "")
+                if bv is not None else "")
+            sv, bv = wm.value, wm.value
         L.append(row([*g.key, best_txt if bv is not None else "–",
                       f"{sp:.2f}x" if (sp := measure.ratio(sv, base, obj)) is not None else "–",
                       f"{g.launched}" + (f" (+{g.probes} re-question probe{'s' if g.probes != 1 else ''})"
