@@ -550,3 +550,52 @@ def test_a_race_added_winner_is_the_parents_best_run(tmp_path):
     assert run.data.tags["servesweep.role"] == "confirmation" and run.data.tags["confirms_trial"] == str(out["winner"])
     assert run.data.tags["mlflow.parentRunId"] == tr.parent_run_id and run.data.tags["repeat"] == "0"
     assert run.data.tags["status"] == "ok" and "decode_tok_s" in run.data.metrics
+
+
+class _CrashingTask(_Task):
+    """The stand-in task, whose server crashes (a transient class) on a config's first ``crashes``
+    launches, or on every launch of a config in ``always``."""
+
+    def __init__(self, true, crashes: dict[str, int], always: set[str] = frozenset()):
+        super().__init__(true)
+        self.crashes, self.always, self.seen = dict(crashes), set(always), {}
+
+    def remote(self, spec, profile, workdir):
+        key = records.config_key(spec.params)
+        self.seen[key] = self.seen.get(key, 0) + 1
+        if key in self.always or self.seen[key] <= self.crashes.get(key, 0):
+            self.calls.append((spec.trial_number, dict(spec.env), None))
+            return _Ref(TrialResult(status="failed", failure_class="server_crash", failure_kind="transient"))
+        return super().remote(spec, profile, workdir)
+
+
+def test_a_confirmation_launch_whose_server_crashed_is_launched_again_not_counted(tmp_path):
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
+    slow = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
+    study = _study([(base, 82.0, True), (a, 90.0, False), (slow, 89.0, False)])
+    truth = {records.config_key(base): 82.0, records.config_key(a): 90.0, records.config_key(slow): 53.0}
+    drv = _Driver(tmp_path, study, truth)
+    drv._trial_task = _CrashingTask(truth, {records.config_key(base): 2})  # two of its first three launches
+    drv.executor = RayExecutor(_FakeRay(), drv._trial_task, None, str(tmp_path / "work"), 2)
+    out = confirm.confirm_top(drv, k=2, repeats=3, max_repeats=3, margin=0.01)
+    by = {e["trial"]: e for e in out["entries"]}
+    # the baseline's crashed launches measured nothing: it still gets its 3 measured repeats
+    assert len(by[0]["values"]) == 3, by[0]
+    assert sum(1 for x in out["launches"] if x["trial"] == 0 and x["status"] != "ok") >= 1
+    # so a config 35 % slower is separated from it, not tied with it
+    assert 2 not in (out.get("tie_group") or []) and by[2]["vs_leader"] == "separated", out["decision_reason"]
+
+
+def test_a_config_that_crashes_on_every_launch_stops_after_its_repeats_worth(tmp_path):
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
+    study = _study([(base, 82.0, True), (a, 90.0, False)])
+    truth = {records.config_key(base): 82.0, records.config_key(a): 90.0}
+    drv = _Driver(tmp_path, study, truth)
+    drv._trial_task = _CrashingTask(truth, {}, always={records.config_key(a)})
+    drv.executor = RayExecutor(_FakeRay(), drv._trial_task, None, str(tmp_path / "work"), 2)
+    out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=3, margin=0.01)
+    lost = [x for x in out["launches"] if x["trial"] == 1]
+    assert len(lost) == 3 and all(x["failure"] == "server_crash" for x in lost)  # bounded, not a loop
+    assert out["winner"] != 1

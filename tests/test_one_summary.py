@@ -211,6 +211,18 @@ def test_confirmation_launches_count_failed_repeats():
     assert count_proposals([], conf).confirm_launches == 6
 
 
+def test_the_counts_name_the_confirmation_launches_that_failed():
+    from sweeps.config.objective import Objective
+
+    launches = [{"trial": 0, "status": "ok", "value": 82.0}, {"trial": 0, "status": "failed", "failure": "server_crash"},
+                {"trial": 0, "status": "ok", "value": 81.0}, {"trial": 1, "status": "failed", "failure": "bench_stall"}]
+    s = build_summary("s", Objective(), [_rec(0, value=80.0, is_baseline=True)], confirmation={"launches": launches})
+    text = s.counts_text()
+    assert "4 confirmation launches (2 failed: bench_stall x1, server_crash x1;" in text, text
+    assert "(" not in build_summary("s", Objective(), [_rec(0, value=80.0, is_baseline=True)],
+                                    confirmation={"launches": launches[:1]}).counts_text().split("confirmation launches")[1]
+
+
 def _load_result(levels):
     lv = [{"rate_req_s": r, "met": met, "metrics": {"ttft_ms_p99": t, "tpot_ms_p99": p}} for r, met, t, p in levels]
     return TrialResult(status="ok", bench=[{"load": {"kind": "load_search", "levels": lv}}])

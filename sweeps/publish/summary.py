@@ -78,6 +78,8 @@ class Counts:
         by_class: failure class -> ``(launched trials and re-question probes that hit it, proposals skipped for it)``;
             ``allreduce_path_degraded`` counts launched trials whose server fell back to NCCL.
         confirm_launches: confirmation launches (the repeats); serving_launches: serving-check launches.
+        confirm_failed: failure class -> confirmation launches that failed with it (a transient or
+            infra one measured nothing and was launched again: ``sweeps.search.confirm.Evidence.counted``).
     """
 
     proposals: int = 0
@@ -93,6 +95,7 @@ class Counts:
     by_class: dict[str, tuple[int, int]] = field(default_factory=dict)
     confirm_launches: int = 0
     serving_launches: int = 0
+    confirm_failed: dict[str, int] = field(default_factory=dict)
 
     @property
     def all_launches(self) -> int:
@@ -196,7 +199,10 @@ class StudySummary:
         return (f"{c.proposals} proposals: {c.launched} launched ({c.ok} ok, {deg}{c.failed} failed, {c.infra} infra), "
                 + (f"{c.probes_text()}, " if c.probes else "")
                 + f"{c.answered} answered without GPU time" + (f" ({why})" if why else "")
-                + f"; {c.confirm_launches} confirmation launches"
+                + f"; {c.confirm_launches} confirmation launches" + (
+                    f" ({sum(c.confirm_failed.values())} failed: "
+                    + ", ".join(f"{k} x{v}" for k, v in sorted(c.confirm_failed.items()))
+                    + "; a repeat lost to a transient failure was launched again)" if c.confirm_failed else "")
                 + (f", {c.serving_launches} serving-check launches" if c.serving_launches else "") + ".")
 
     def baseline_text(self) -> str:
@@ -337,8 +343,20 @@ def count_proposals(recs: Sequence[trial_records.TrialRecord], confirmation: Map
                   infra=sum(r.status in ("infra_error", "interrupted") for r in launched),
                   answered=len(answered), by_reason={k: reasons[k] for k in sorted(reasons)},
                   by_class={k: (v[0], v[1]) for k, v in sorted(by_class.items(), key=lambda kv: -sum(kv[1]))},
-                  confirm_launches=confirm_launches(confirmation),
+                  confirm_launches=confirm_launches(confirmation), confirm_failed=confirm_failures(confirmation),
                   serving_launches=int((serving or {}).get("launches") or 0))
+
+
+def confirm_failures(conf: Mapping[str, Any] | None) -> dict[str, int]:
+    """Failure class -> confirmation launches of a stored confirmation that failed with it ({}
+    when its launches were not recorded one by one)."""
+    launches = (conf or {}).get("launches")
+    out: dict[str, int] = {}
+    for x in launches if isinstance(launches, list) else []:
+        if x.get("status") != "ok":
+            k = str(x.get("failure") or x.get("status"))
+            out[k] = out.get(k, 0) + 1
+    return out
 
 
 def confirm_launches(conf: Mapping[str, Any] | None) -> int:

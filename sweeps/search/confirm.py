@@ -477,6 +477,18 @@ def _jobs(driver: ConfirmHost, todo: list[tuple[trial_records.TrialRecord, bool]
     return jobs
 
 
+def _missing(launch: Mapping[str, Any]) -> bool:
+    """A stored confirmation launch that measured nothing for a reason outside the config: failed
+    with a transient or infra class (``tasks.failures.KIND``), or an infra error."""
+    if launch.get("status") == "ok":  # ran to its end (a value the objective could not take is still its result)
+        return False
+    if launch.get("status") == "infra_error":
+        return True
+    from tasks.failures import KIND
+
+    return KIND.get(str(launch.get("failure") or ""), "transient") in ("transient", "infra")
+
+
 class Evidence:
     """The confirmation launches of one evidence set (``epoch``) of a study, over all rounds:
     per launch its trial, repeat, round, status, objective value, constrained metrics and wall
@@ -516,6 +528,17 @@ class Evidence:
     def launched(self, trial: int) -> int:
         """Launches of ``trial`` so far (ok or not)."""
         return sum(1 for x in self.launches if x["trial"] == trial)
+
+    def counted(self, trial: int) -> int:
+        """Launches of ``trial`` that count as repeats: measured ones, and failures of a
+        deterministic class (the config fails on re-run: that is its verdict). A transient or infra
+        failure (a server that crashed, a stalled stream, a lost node) measured nothing about the
+        config: a missing value, launched again (:meth:`lost`)."""
+        return sum(1 for x in self.launches if x["trial"] == trial and not _missing(x))
+
+    def lost(self, trial: int) -> int:
+        """Launches of ``trial`` that measured nothing (:meth:`counted`'s complement)."""
+        return sum(1 for x in self.launches if x["trial"] == trial and _missing(x))
 
     def results(self, todo: list[tuple[trial_records.TrialRecord, bool]], obj: Objective) -> dict[int, list[TrialResult]]:
         """Per config index its launches as results (objective value and constrained metrics)."""
@@ -580,11 +603,14 @@ class Evidence:
     def needed(self, todo: list[tuple[trial_records.TrialRecord, bool]], repeats: int, out: Mapping[str, Any]) -> dict[int, int]:
         """Launches to make next, per config index: the initial ``repeats`` first, then one more
         of each config the race asks for (``decision["more"]``)."""
-        first = {i: repeats - self.launched(r.number) for i, (r, _) in enumerate(todo) if self.launched(r.number) < repeats}
+        # a config whose launches keep failing for transient reasons is relaunched until as many have
+        # been lost as the repeats asked for; it then stands on what it measured
+        live = {i: r.number for i, (r, _) in enumerate(todo) if self.lost(r.number) < max(repeats, 1)}
+        first = {i: repeats - self.counted(t) for i, t in live.items() if self.counted(t) < repeats}
         if first:
             return first
         more = set((out.get("decision") or {}).get("more") or [])
-        return {i: 1 for i, (r, _) in enumerate(todo) if r.number in more}
+        return {i: 1 for i, t in live.items() if t in more}
 
     def summarize(self, todo: list[tuple[trial_records.TrialRecord, bool]], repeats: int, confidence: float, obj: Objective,
                   **kw: Any) -> dict[str, Any]:
