@@ -101,5 +101,6 @@ def test_estimate_says_it_is_a_real_node_projection_and_who_books_it():
     _, emu = estimate_gpu_hours(load_spec(compose_cfg(["backend=emulated"])))
     _, real = estimate_gpu_hours(load_spec(compose_cfg(["backend=sglang"])))
     assert "on the real node (a projection from the emulator's model)" in emu and real.startswith(emu.split(";")[0][:40])
-    assert "emulated node's GPU-hours: no real GPU is used" in emu
-    assert "emulated node's" not in real
+    assert "runs on the emulated node, no real GPU is used (the GPU-hours its summary books are that run's, not " \
+           "this projection)" in emu
+    assert "emulated node" not in real

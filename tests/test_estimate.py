@@ -61,6 +61,21 @@ def test_estimate_parts_add_up_to_the_total_as_printed():
     assert abs(seeds + rest - total) <= 0.1 + 1e-9  # each part rounded to 0.1 once
 
 
+def test_estimate_prices_the_confirmation_and_serving_check_after_the_trials():
+    import re
+
+    hours, msg = estimate_gpu_hours(_spec("sweep.confirm.top_k=3", "sweep.confirm.repeats=3",
+                                          "sweep.confirm.max_repeats=8", "sweep.confirm.descend=0"))
+    m = re.search(r"the confirmation (\d+)-(\d+) launches .* and the serving check 2, each ~([\d.]+) GPU-h: "
+                  r"~([\d.]+)-([\d.]+) GPU-hours in all", msg)
+    assert m, msg
+    lo, hi, per, t_lo, t_hi = (float(x) for x in m.groups())
+    assert (lo, hi) == (4 * 3, (3 + 1 + 2) * 8)  # top_k and the baseline x repeats; + 2 simplifications, to the cap
+    assert t_lo == pytest.approx(hours + (lo + 2) * per, abs=0.2) and t_hi > t_lo
+    _, off = estimate_gpu_hours(_spec("sweep.confirm.top_k=0", "sweep.serving_check=false"))
+    assert "after the trials" not in off
+
+
 def test_estimate_is_real_node_cost_whatever_the_backend():
     base = estimate_gpu_hours(_spec())[0]
     assert estimate_gpu_hours(_spec("backend.emulator.time_scale=0.002"))[0] == pytest.approx(base)

@@ -195,14 +195,45 @@ def estimate_gpu_hours(spec: SweepSpec, sample: int = DEFAULT_SAMPLE, seed: int 
            f"on {spec.node.name} ({per} GPUs/trial, ~{wall_h:.1f} h on one node): {n_seed} seed trials "
            f"{sum(est_seed['gpu_s'][:n_seed]) / 3600:.1f} GPU-h + {rest} x {mean_gpu / 3600:.2f} = "
            f"{rest * mean_gpu / 3600:.1f} GPU-h, modelled "
-           f"at real speed over {len(samples)} sampled configs ({100 * skipped:.0f} % rule-skipped after the seeds)")
+           f"at real speed over {len(samples)} sampled configs ({100 * skipped:.0f} % of them would be skipped by "
+           f"the seeds' failure rules, without GPU time)")
+    msg += _after_the_trials(spec, est_seed["gpu_s"][0] if est_seed["gpu_s"] else mean_gpu, gpu_s)
     if spec.sweep.mode == "recheck":
         msg += ("; recheck: the source's dead ends and canaries to re-run, each priced at a sampled config's mean"
                 if launches is not None else
                 "; recheck: the number of old dead ends is known once set up, priced here at budget.trials")
     if be.emulated:
-        msg += (f"; backend={spec.backend.kind} books these as the emulated node's GPU-hours: no real GPU is used")
+        msg += (f"; backend={spec.backend.kind} runs on the emulated node, no real GPU is used (the GPU-hours its "
+                f"summary books are that run's, not this projection)")
     return hours, msg
+
+
+def _after_the_trials(spec: SweepSpec, launch_gpu_s: float, trials_gpu_s: float) -> str:
+    """The launches after the trial budget, priced at one full launch of the baseline
+    (``launch_gpu_s``): the confirmation's (its ``top_k`` configs, up to
+    :data:`sweeps.search.confirm.SIMPLER_MAX` simplifications and the baseline, ``repeats`` each at
+    least, up to its repeat budget each with the race and ``descend`` more configs at most) and the
+    serving check's two. "" for a recheck, or with the confirmation off and no serving check."""
+    from sweeps.search.confirm import SIMPLER_MAX
+
+    sw = spec.sweep
+    c = sw.confirm
+    if sw.mode != "search" or (c.top_k == 0 and not sw.serving_check):
+        return ""
+    lo = hi = 0
+    parts = []
+    if c.top_k:
+        lo = (c.top_k + 1) * c.repeats
+        hi = (c.top_k + 1 + SIMPLER_MAX + c.descend) * c.repeat_budget
+        parts.append(f"the confirmation {lo}-{hi} launches ({c.top_k} configs and the baseline x {c.repeats} repeats, up "
+                     f"to {c.repeat_budget} each with the race, with simplifications and descent)")
+    if sw.serving_check:
+        lo, hi = lo + 2, hi + 2
+        parts.append("the serving check 2")
+    per = launch_gpu_s / 3600
+    total_lo, total_hi = (trials_gpu_s + lo * launch_gpu_s) / 3600, (trials_gpu_s + hi * launch_gpu_s) / 3600
+    return (f"; after the trials, {' and '.join(parts)}, each ~{per:.2f} GPU-h: "
+            f"~{total_lo:.1f}-{total_hi:.1f} GPU-hours in all")
 
 
 __all__ = ["estimate_gpu_hours", "sample_feasible", "DEFAULT_SAMPLE"]

@@ -356,7 +356,8 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
         if not need:
             break
         if runner is None:
-            # the sweep's executor (its slots, its Ray); no retries: a failed repeat is a missing value
+            # the sweep's executor (its slots, its Ray); a repeat lost to a transient failure is a missing
+            # value, launched again by the next round (Evidence.needed)
             runner = Runner(driver.executor, driver.profile, driver.spec.backend.retries_transient)
         rnd = ev.next_round  # each batch of launches is a round of its own: ev.add advances ev.round
         jobs = _jobs(driver, todo, need, ev, renders, rnd)
