@@ -104,3 +104,10 @@ def test_a_secret_in_backend_env_never_stays_in_hydras_run_dir(tmp_path):
     assert "SGLANG_API_KEY: '***'" in written["config.yaml"] and "NCCL_ALGO: Ring" in written["config.yaml"]
     assert "+backend.env.SGLANG_API_KEY=***" in written["overrides.yaml"]
     assert "ZZSECRET42" not in r.stderr + r.stdout
+
+
+def test_an_override_hydras_grammar_rejects_is_a_config_error_with_exit_2():
+    r = _run(REPO, "sweep=smoke", "sweep.constraints=[nonexistent_param<=4]")
+    assert r.returncode == 2, r.stderr
+    assert "servesweep: cannot parse the override 'sweep.constraints=[nonexistent_param<=4]' at '<=4]'" in r.stderr
+    assert "{name: n, expr: 'x <= 4'}" in r.stderr and "LexerNoViableAltException" not in r.stderr

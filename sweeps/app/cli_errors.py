@@ -92,6 +92,9 @@ def explain(e: BaseException, conf_dir: Path, overrides: list[str]) -> str | Non
     for c in _chain(e):
         if isinstance(c, yaml.YAMLError):
             return f"servesweep: {yaml_error_line(c)} (the YAML does not parse; nothing was started)"
+    for c in _chain(e):
+        if type(c).__name__ == "OverrideParseException":  # hydra.errors: the override's own syntax
+            return parse_error_message(c)
     text = str(e)
     m = _OVERRIDE.search(text)
     if m:
@@ -100,6 +103,20 @@ def explain(e: BaseException, conf_dir: Path, overrides: list[str]) -> str | Non
     if m:
         return missing_option_message(text, m.group(1), m.group(2))
     return None
+
+
+def parse_error_message(e: BaseException) -> str:
+    """One line for an override Hydra's grammar rejects (``LexerNoViableAltException`` and the
+    like): the override, where it stopped reading, and the quoting that fixes the common cases."""
+    override = str(getattr(e, "override", "") or "")
+    lines = str(e).splitlines()
+    col = lines[1].index("^") - (len(lines[0]) - len(override)) if len(lines) > 1 and "^" in lines[1] else -1
+    at = f" at {override[col:col + 12]!r}" if 0 <= col < len(override) else ""
+    constraint = ("; write a constraint as {name: n, expr: 'x <= 4'}" if "constraints" in override.split("=", 1)[0]
+                  else "")
+    return (f"servesweep: cannot parse the override {override!r}{at}: quote a value that holds spaces, "
+            f"operators or non-ASCII characters (\"key='a <= 4'\"){constraint} (Hydra's override grammar; "
+            f"nothing was started)")
 
 
 def _chain(e: BaseException) -> Iterator[BaseException]:

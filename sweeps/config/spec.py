@@ -255,6 +255,15 @@ class SweepConfig(_Model):
     findings_path: str | None = None
     mode: Literal["search", "recheck"] = "search"
 
+    @field_validator("constraints", mode="before")
+    @classmethod
+    def _constraints_are_mappings(cls, v: Any) -> Any:
+        for i, c in enumerate(v if isinstance(v, list) else []):
+            if isinstance(c, str):
+                raise ValueError(f"constraint {i} is the string {c!r}; a constraint is {{name: <name>, expr: "
+                                 f"'{c}'}} (sweep.objective_constraints is the one that takes strings)")
+        return v
+
     @field_validator("name")
     @classmethod
     def _name_ok(cls, v: str) -> str:
@@ -310,8 +319,12 @@ class SweepSpec(_Model):
     @field_validator("study_name", "source")
     @classmethod
     def _study_name_ok(cls, v: str | None) -> str | None:
-        if v is not None and (not v or not all(c.isalnum() or c in "-_." for c in v) or v.startswith(".")):
+        if v is not None and (not v or not all(c.isalnum() or c in "-_." for c in v)):
             raise ValueError("use letters, digits, '-', '_' or '.' only (it names files and MLflow filters)")
+        if v is not None and v[0] in ".-":
+            # a leading '.' names a hidden file or a parent directory ('..'); a leading '-' reads as an
+            # option to the tools that take the name (python -m sweeps.report NAME)
+            raise ValueError(f"{v!r} starts with {v[0]!r}; start it with a letter, a digit or '_'")
         return v
 
     @model_validator(mode="after")
