@@ -111,3 +111,14 @@ def test_an_override_hydras_grammar_rejects_is_a_config_error_with_exit_2():
     assert r.returncode == 2, r.stderr
     assert "servesweep: cannot parse the override 'sweep.constraints=[nonexistent_param<=4]' at '<=4]'" in r.stderr
     assert "{name: n, expr: 'x <= 4'}" in r.stderr and "LexerNoViableAltException" not in r.stderr
+
+
+def test_an_unknown_key_under_an_open_mapping_is_told_to_add_it_with_a_plus():
+    assert precheck(CONF, ["sweep.params.bogus_knob={type:categorical,choices:[a,b]}"]) == (
+        "servesweep: unknown config key 'sweep.params.bogus_knob': sweep.params has no entry 'bogus_knob' yet; "
+        "to add one, write +sweep.params.bogus_knob={type:categorical,choices:[a,b]} (nothing was started)")
+
+
+def test_an_unknown_key_of_a_fixed_section_lists_its_keys_not_a_far_guess():
+    msg = precheck(CONF, ["sweep.bogus=1"])
+    assert "sweep has no key 'bogus'; its keys: " in msg and "baseline, budget" in msg and "budget=1" not in msg

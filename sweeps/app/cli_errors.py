@@ -65,6 +65,11 @@ def _compose(conf_dir: Path, overrides: list[str]) -> Any:
         GlobalHydra.instance().clear()
 
 
+#: mappings whose entries are the user's to add (a knob, a baseline value, a server variable):
+#: Hydra adds a new one with "+"; every other section has a fixed set of keys
+_OPEN_MAPPINGS = ("sweep.params", "sweep.baseline", "backend.env")
+
+
 def unknown_key_message(conf_dir: Path, overrides: list[str], key: str) -> str:
     """The message for an override of an undeclared ``key``: the closest declared key."""
     rest = [o for o in overrides if o.split("=", 1)[0].lstrip("~+") != key]
@@ -72,9 +77,22 @@ def unknown_key_message(conf_dir: Path, overrides: list[str], key: str) -> str:
         keys = list(dotted_keys(_compose(conf_dir, rest)))
     except Exception:  # noqa: BLE001 - another override is broken too: suggest from the defaults
         keys = list(dotted_keys(_compose(conf_dir, [])))
-    best = closest(key, keys)
     value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key and "=" in o), "...")
-    hint = f"did you mean {best}={value}?" if best else "check the spelling against conf/config.yaml and conf/<group>/*.yaml"
+    parent, _, leaf = key.rpartition(".")
+    # a typo is most likely of a sibling (sweep.budget.trails -> sweep.budget.trials); a key that is
+    # like none of its siblings under an existing mapping is a new entry, which Hydra adds with "+"
+    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
+    near = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
+    if near:
+        hint = f"did you mean {parent + '.' if parent else ''}{near[0]}={value}?"
+    elif parent in _OPEN_MAPPINGS:
+        hint = f"{parent} has no entry '{leaf}' yet; to add one, write +{key}={value}"
+    elif parent and any(k.startswith(parent + ".") for k in keys):
+        hint = f"{parent} has no key '{leaf}'; its keys: {', '.join(sorted(set(siblings)))}"
+    elif (best := closest(key, keys)) is not None:
+        hint = f"did you mean {best}={value}?"
+    else:
+        hint = "check the spelling against conf/config.yaml and conf/<group>/*.yaml"
     return f"servesweep: unknown config key '{key}': {hint} (nothing was started)"
 
 
