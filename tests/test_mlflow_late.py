@@ -38,3 +38,21 @@ def test_tracker_reopened_when_mlflow_comes_back(tmp_path, monkeypatch):
     assert launched
     assert len(keys) == len(set(keys)) == len(launched)
     assert set(keys) == {f"{drv.study_name}/{r.number}" for r in launched}
+
+
+def test_a_half_written_trial_run_is_dropped_with_its_nested_runs(tmp_path):
+    # a driver killed while it wrote trial 2's run: the run and its probe run stay RUNNING
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    tr = tracking.Tracker(uri, "exp", str(tmp_path / "art"))
+    cl = MlflowClient(uri)
+    tr.parent_run_id = cl.create_run(tr.experiment_id, run_name="study").info.run_id
+    done = cl.create_run(tr.experiment_id, run_name="t001", tags={"mlflow.parentRunId": tr.parent_run_id,
+                                                                  "trial_key": "s/1"}).info.run_id
+    cl.set_terminated(done)
+    half = cl.create_run(tr.experiment_id, run_name="t002", tags={"mlflow.parentRunId": tr.parent_run_id,
+                                                                  "trial_key": "s/2"}).info.run_id
+    probe = cl.create_run(tr.experiment_id, run_name="t002 probe", tags={"mlflow.parentRunId": half}).info.run_id
+    assert tr.synced_keys() == {"s/1"}  # trial 2 is written again by the next sync
+    assert cl.get_run(half).info.lifecycle_stage == "deleted"
+    assert cl.get_run(probe).info.lifecycle_stage == "deleted"  # not left RUNNING under a deleted parent
+    assert cl.get_run(done).info.lifecycle_stage == "active"

@@ -135,3 +135,18 @@ def test_mlflow_outage_delays_sync_without_loss_or_duplicates(tmp_path):
         if proc.poll() is None:
             proc.kill()
         srv.stop()
+
+
+def test_a_sweep_whose_mlflow_never_answered_says_so_last(tmp_path):
+    port = _free_port()  # nothing listens there
+    r = subprocess.run([sys.executable, str(REPO / "run_sweep.py"), "sweep=smoke", "backend=instant",
+                        "sweep.budget.trials=2", "sweep.confirm.top_k=0", "sweep.budget.wall_time_s=null",
+                        f"tracking.uri=http://127.0.0.1:{port}", f"tracking.store_dir={tmp_path / 's'}",
+                        f"tracking.findings_dir={tmp_path / 'f'}"], cwd=str(tmp_path), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout.strip().splitlines()
+    assert out[-1].startswith(f"MLflow (http://127.0.0.1:{port}) was not reached at the end: the 2 finished trials"), out[-3:]
+    assert "run the same command once MLflow is back" in out[-1]
+    # one line says it, not one per retried request
+    assert not any("urllib3.connectionpool" in line for line in (r.stdout + r.stderr).splitlines())

@@ -15,8 +15,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-#: loggers of the store libraries whose records go to the driver log file only
-LIBRARIES = ("mlflow", "alembic", "sqlalchemy", "huey")
+#: loggers of the store libraries whose records go to the driver log file only (urllib3: MLflow's
+#: HTTP client warns once per retried request while a tracking server is down; the sweep says so
+#: in one line of its own)
+LIBRARIES = ("mlflow", "alembic", "sqlalchemy", "huey", "urllib3")
 #: loggers MLflow gives their own stderr handler on import (mlflow.utils.logging_utils)
 _OWN_HANDLERS = ("mlflow", "alembic", "sqlalchemy", "sqlalchemy.engine", "huey")
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

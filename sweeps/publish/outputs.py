@@ -23,7 +23,7 @@ from sweeps.run.best_effort import best_effort
 from sweeps.run.progress import Progress, metric_text
 from sweeps.store import records as trial_records
 from sweeps.store.tracking import LOCAL_FAILURES_MAX, MlflowStoreBroken
-from tasks.redact import redact_argv
+from tasks.redact import redact_argv, redact_text
 from tasks.types import TrialResult, TrialSpec
 
 log = logging.getLogger("servesweep")
@@ -188,7 +188,9 @@ class Publisher:
         measured) or FINISHED."""
         self._retry_tracker(study, force=True)  # last chance for a sweep that started while MLflow was down
         if not self.tracking:
+            self._mlflow_missed(recs)
             return
+        done = False
         with best_effort("update MLflow at the end (rerun the command to sync)", logging.WARNING):
             self._sync(recs)
             outcome = sweep_outcome(recs, self.spec, self.study_name, stop_reason)
@@ -220,6 +222,21 @@ class Publisher:
             self.tracker.log_parent_metrics(break_even_metrics(recs))  # speculative speedup < 1 by concurrency
             self.log_parent_artifacts(study)
             self.tracker.close_parent("KILLED" if interrupted else "FAILED" if outcome.failed else "FINISHED")
+            done = not self.tracker.behind
+        if not done:
+            self._mlflow_missed(recs)
+
+    def _mlflow_missed(self, recs: list[trial_records.TrialRecord]) -> None:
+        """The last line of a sweep whose trials did not all reach MLflow (it was down, or the last
+        sync failed): a warning in the log is easy to miss, and MLflow is where the team looks."""
+        if not self.track:
+            return
+        n = sum(r.launched and r.state not in ("RUNNING", "WAITING") for r in recs)
+        self.progress.console.print(
+            f"MLflow ({redact_text(self.spec.mlflow_uri)}) was not reached at the end: the {n} finished trials of "
+            f"this study may be missing from it (and the findings' plots from its parent run). They are kept in "
+            f"the study; run the same command once MLflow is back and it syncs every trial.", soft_wrap=True,
+            markup=False)
 
     def deploy(self, params: dict[str, Any]) -> str | None:
         """The deployable command of ``params`` on the target node (:func:`sweeps.publish.deploy.deploy_command_for`)."""

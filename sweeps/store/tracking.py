@@ -267,13 +267,24 @@ class Tracker:
                         continue
                     if run.info.status in ("FINISHED", "FAILED", "KILLED"):
                         keys.add(key)
-                    else:  # half-written by a crashed driver: drop it, it is rewritten below
-                        retry(lambda run=run: self.client.delete_run(run.info.run_id), "delete partial run")
+                    else:  # half-written by a crashed driver: drop it and its nested runs, it is rewritten below
+                        self._delete_with_children(run.info.run_id)
                 token = page.token
                 if not token:
                     break
             self._synced = keys
         return self._synced
+
+    def _delete_with_children(self, run_id: str) -> None:
+        """Delete a half-written trial run and the runs nested under it (its probe run): they are
+        written again with the trial, and a nested run left behind would stay RUNNING under a deleted
+        parent."""
+        kids = retry(lambda: self.client.search_runs([self.experiment_id],
+                                                     filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'",
+                                                     max_results=1000), "search nested runs")
+        for kid in kids:
+            retry(lambda kid=kid: self.client.delete_run(kid.info.run_id), "delete a partial run's nested run")
+        retry(lambda: self.client.delete_run(run_id), "delete partial run")
 
     def sync(self, study_name: str, records: list[TrialRecord], store_dir: Path, extra_tags: dict[str, str]) -> int:
         """Log every finished trial not yet in MLflow. Returns how many were logged.
@@ -308,6 +319,11 @@ class Tracker:
             n += 1
         self._failures = 0
         return n
+
+    @property
+    def behind(self) -> bool:
+        """True when the last sync attempt failed: trials may be missing from MLflow until the next one."""
+        return self._failures > 0
 
     def _failed(self, e: Exception) -> None:
         """One failed sync attempt: back off; a local store failing attempt after attempt is broken.
