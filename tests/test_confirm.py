@@ -599,3 +599,39 @@ def test_a_config_that_crashes_on_every_launch_stops_after_its_repeats_worth(tmp
     lost = [x for x in out["launches"] if x["trial"] == 1]
     assert len(lost) == 3 and all(x["failure"] == "server_crash" for x in lost)  # bounded, not a loop
     assert out["winner"] != 1
+
+
+def test_a_driver_killed_mid_round_keeps_the_launches_that_round_finished(tmp_path):
+    """The driver dies (no handler runs) in the first round, before any round is stored: the
+    launches that round finished are checkpointed one by one, and the next run launches only the
+    rest, with the same decision as an unkilled run."""
+    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
+    b = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
+    truth = {records.config_key(base): 82.0, records.config_key(a): 90.0, records.config_key(b): 85.0}
+    trials = [(base, 82.0, True), (a, 91.0, False), (b, 86.0, False)]
+    ref = _Driver(tmp_path / "ref", _study(trials), truth)
+    whole = confirm.confirm_top(ref, k=2, repeats=3, max_repeats=3, margin=0.01)
+    drv = _Driver(tmp_path / "kill", _study(trials), truth)
+    task, remote = drv._trial_task, drv._trial_task.remote
+    calls = []
+
+    def dies_at_the_fifth_launch(spec, profile, workdir):
+        calls.append(spec.trial_number)
+        if len(calls) == 5:
+            raise _Killed
+        return remote(spec, profile, workdir)
+
+    task.remote = dies_at_the_fifth_launch
+    with pytest.raises(_Killed):
+        confirm.confirm_top(drv, k=2, repeats=3, max_repeats=3, margin=0.01)
+    assert not drv.study.user_attrs.get(confirm.ATTR)  # no round was closed
+    half = drv.study.user_attrs[confirm.ROUND_ATTR]
+    kept = sum(len(v) for v in half["done"].values())
+    assert kept >= 2
+    task.remote = remote
+    first = len(task.calls)
+    out = confirm.confirm_top(drv, k=2, repeats=3, max_repeats=3, margin=0.01)
+    assert len(task.calls) - first == 9 - kept  # only what the killed round had not finished
+    assert out["winner"] == whole["winner"] and [e["launched"] for e in out["entries"]] == [3, 3, 3]
+    assert not drv.study.user_attrs.get(confirm.ROUND_ATTR)  # merged and cleared

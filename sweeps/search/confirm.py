@@ -15,6 +15,7 @@ document and the report); :func:`mismatched_trials` lists the flagged trials.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import logging
 import math
@@ -334,12 +335,15 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
     cap = max(repeats, max_repeats or repeats)
     old = driver.study.user_attrs.get(ATTR) or {}
     ev = Evidence.from_stored(old, obj, new_epoch=force)
+    half = driver.study.user_attrs.get(ROUND_ATTR)
     # the configs an earlier run of this race added (its evidence is theirs too), while still wanted
     derived = [dict(d) for d in (old.get("derived") or [])] if descend > 0 and not force else []
     have = {trial_records.config_key(r.params) for r, _ in todo}
     derived = [d for d in derived if trial_records.config_key(d["config"]) not in have][:descend]
     todo += [(r, False) for r in _derived_records(derived, recs)]
     space = driver.spec.space if descend > 0 else None
+    if half and not force:  # launches a killed driver finished in a round it did not close: kept
+        _merge_half_round(ev, todo, half, obj)
     t0 = time.monotonic()
     renders = _renders(driver, todo, extra_env)
     nondef = non_default_counts(renders, next((i for i, (_, b) in enumerate(todo) if b), None))
@@ -365,7 +369,8 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
                  ", ".join(f"t{todo[i][0].number} x{n}" for i, n in need.items()))
         results = run_jobs(runner, [(i, ts, key) for i, ts, key, _ in jobs], len(todo),
                            lambda: bool(driver.interrupted),
-                           on_done=_progress_line(getattr(driver, "progress", None), todo, len(jobs), obj))
+                           on_done=_checkpointed(driver.study, ev, todo, rnd,
+                                                 _progress_line(getattr(driver, "progress", None), todo, len(jobs), obj)))
         ev.add(todo, jobs, results, rnd, obj)
         launched_round = True
         if driver.interrupted:
@@ -380,6 +385,7 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
                     wall_s=round(time.monotonic() - t0 + (0.0 if force else float(old.get("wall_s") or 0.0)), 2),
                     winner_note="Race in progress: " + str(part.get("winner_note") or ""))
         _store(driver.study, part)
+        _clear_half_round(driver.study)
     if driver.interrupted and not launched_round and not old:
         log.warning("confirmation interrupted; nothing stored")
         return {}
@@ -399,7 +405,66 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
     if driver.interrupted:
         out["winner_note"] = "Interrupted: " + str(out.get("winner_note") or "")
     _store(driver.study, out)
+    _clear_half_round(driver.study)
     return out
+
+
+#: the study attribute holding the finished launches of a round not yet closed: a driver killed
+#: mid-round (SIGKILL, OOM) loses none of them; the next run merges them before it launches
+ROUND_ATTR = "confirmation_round"
+
+
+def _checkpointed(study: optuna.Study, ev: Evidence, todo: list[tuple[trial_records.TrialRecord, bool]], rnd: int,
+                  then: Callable[[int, TrialResult], None] | None) -> Callable[[int, TrialResult], None]:
+    """``run_jobs``' per-launch callback: store the launch in :data:`ROUND_ATTR` (its trial, status,
+    objective and constrained metrics, failure, times and output token ids), then ``then``."""
+    done: dict[str, list[dict[str, Any]]] = {}
+
+    def on_done(idx: int, res: TrialResult) -> None:
+        if res.status != "interrupted":
+            done.setdefault(str(todo[idx][0].number), []).append(
+                {"status": res.status, "metrics": dict(res.metrics), "failure_class": res.failure_class,
+                 "wall_s": res.wall_s, "gpu_s": res.gpu_s, "outputs": _outputs(res) if res.status == "ok" else []})
+            with contextlib.suppress(Exception):  # a checkpoint that cannot be written costs only a relaunch
+                _store_attr(study, ROUND_ATTR, {"epoch": ev.epoch, "round": rnd, "done": done})
+        if then is not None:
+            then(idx, res)
+    return on_done
+
+
+def _merge_half_round(ev: Evidence, todo: list[tuple[trial_records.TrialRecord, bool]], half: Mapping[str, Any],
+                      obj: Objective) -> None:
+    """Add the launches of a round a killed driver did not close (:data:`ROUND_ATTR`) to ``ev``, in
+    :meth:`Evidence.add`'s order (the baseline's first: its outputs are the reference); nothing when
+    they belong to another evidence set or a round ``ev`` already holds."""
+    if int(half.get("epoch", -1)) != ev.epoch or int(half.get("round", -1)) <= ev.round:
+        return
+    rnd = int(half["round"])
+    by_trial = {str(r.number): i for i, (r, _) in enumerate(todo)}
+    jobs: list[tuple[int, Any, str, int]] = []
+    results: dict[int, list[TrialResult]] = {}
+    for t, runs in (half.get("done") or {}).items():
+        if t not in by_trial:
+            continue
+        idx = by_trial[t]
+        first = ev.launched(int(t))
+        for k, x in enumerate(runs):
+            res = TrialResult(status=x.get("status") or "infra_error", metrics=dict(x.get("metrics") or {}),
+                              failure_class=x.get("failure_class"),
+                              bench=[{"output_ids": ids} for ids in x.get("outputs") or []])
+            res.wall_s, res.gpu_s = float(x.get("wall_s") or 0.0), float(x.get("gpu_s") or 0.0)
+            results.setdefault(idx, []).append(res)
+            jobs.append((idx, None, "", first + k))
+    if results:
+        ev.add(todo, jobs, results, rnd, obj)
+        log.info("confirmation: %d launch(es) of round %d, finished before the last run stopped, kept",
+                 sum(len(v) for v in results.values()), rnd)
+
+
+def _clear_half_round(study: optuna.Study) -> None:
+    if study.user_attrs.get(ROUND_ATTR):
+        with contextlib.suppress(Exception):
+            study.set_user_attr(ROUND_ATTR, {})
 
 
 Render = tuple[list[str], dict[str, str], Any]  # argv, env, expected paths (as the backend renders them)
@@ -835,10 +900,14 @@ def config_record(recs: list[trial_records.TrialRecord], confirmation: Mapping[s
 
 
 def _store(study: optuna.Study, out: dict[str, Any]) -> None:
+    # finished Optuna trials are immutable: the per-trial flags live in this study attribute
+    _store_attr(study, ATTR, out)
+
+
+def _store_attr(study: optuna.Study, key: str, value: Mapping[str, Any]) -> None:
     import json
 
-    # finished Optuna trials are immutable: the per-trial flags live in this study attribute
-    study.set_user_attr(ATTR, json.loads(json.dumps(out, default=str).replace("NaN", "null")))
+    study.set_user_attr(key, json.loads(json.dumps(value, default=str).replace("NaN", "null")))
 
 
 def mismatched_trials(confirmation: Mapping[str, Any] | None) -> set[int]:
