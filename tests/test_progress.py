@@ -68,3 +68,8 @@ def test_the_console_line_of_a_re_question_probe_says_it_is_one(tmp_path):
     assert lines[0].startswith("t003 ") and "re-question probe passed: the dead end no longer reproduces" in lines[0]
     assert "re-question probe failed nccl_env_algo_proto_invalid: the dead end still reproduces" in lines[1]
     assert "not benchmarked" in lines[2] and "re-question" not in lines[2]
+    pub.trial_done(6, cfg, TrialResult(trial_number=6, status="interrupted"), {}, requestion=True)
+    pub.trial_done(7, cfg, TrialResult(trial_number=7, status="failed", failure_class="server_crash",
+                                       failure_kind="transient"), {}, requestion=True)
+    assert "re-question probe interrupted: no answer, the rule stands" in lines[3] and "reproduces" not in lines[3]
+    assert "re-question probe failed server_crash: no answer, the rule stands" in lines[4]
