@@ -73,3 +73,18 @@ def test_the_console_line_of_a_re_question_probe_says_it_is_one(tmp_path):
                                        failure_kind="transient"), {}, requestion=True)
     assert "re-question probe interrupted: no answer, the rule stands" in lines[3] and "reproduces" not in lines[3]
     assert "re-question probe failed server_crash: no answer, the rule stands" in lines[4]
+
+
+def test_the_closing_table_lists_a_winner_the_race_added_at_its_confirmed_mean(tmp_path):
+    def rec(n, v, **kw):
+        return TrialRecord(number=n, state="COMPLETE", params={"cuda_graph_max_bs": kw.pop("g", 512)}, status="ok",
+                           metrics={"decode_tok_s": v}, **kw)
+
+    recs = [rec(0, 82.0, is_baseline=True), rec(33, 91.9, g=64)]
+    added = rec(90002, 0.0, g=128)  # no sweep trial measured it: the race added it
+    conf = {"entries": [{"trial": 0, "mean": 82.0}, {"trial": 33, "mean": 88.9},
+                        {"trial": 90002, "mean": 89.1, "ci_low": 88.2, "ci_high": 90.0, "n": 7}]}
+    text = Progress("s", 30).summary_text(recs, added, 82.0, None, tmp_path / "f.md", confirmation=conf, reference=82.0,
+                                      winner=90002)
+    row = next(line for line in text.splitlines() if "90002" in line and "winner" in line)
+    assert "89.1" in row and "1.09x" in row and "the race added it, no single run" in row, text

@@ -108,10 +108,19 @@ class Progress:
         shown = ok[:8]
         if winner is not None and winner not in {r.number for r in shown}:
             shown += [r for r in ok if r.number == winner]
+        # a winner the confirmation's race added has no single run of the sweep: its row is its confirmed mean
+        added = (best if best is not None and best.number == winner and winner not in {r.number for r in shown}
+                 else None)
+        added_mean = next((e.get("mean") for e in (confirmation or {}).get("entries", [])
+                           if added is not None and e.get("trial") == added.number), None)
+        if added is not None and added_mean is not None:
+            shown.append(added)
         for r in shown:
-            v = value_of(r, obj)
+            v = added_mean if r is added else value_of(r, obj)
             sp = obj.ratio(v, reference) if reference and v else r.metrics.get("speedup_vs_baseline")
-            marks = (" [baseline]" if r.is_baseline else "") + (" [winner]" if r.number == winner else "")
+            marks = (" [baseline]" if r.is_baseline else "") + (
+                " [winner: its confirmed mean; the race added it, no single run]" if r is added
+                else " [winner]" if r.number == winner else "")
             t.add_row(str(r.number), f"{v:.1f}", f"{sp:.2f}x" if sp else "-",
                       f"{r.metrics.get('ttft_ms_p50', float('nan')):.0f}", f"{r.metrics.get('itl_ms_p50', float('nan')):.1f}",
                       f"{r.metrics.get('accept_length', 1.0):.2f}",
