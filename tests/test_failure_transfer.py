@@ -1228,3 +1228,17 @@ def test_a_log_alone_that_never_asked_for_it_stays_healthy():  # a guard of the 
 def test_a_server_killed_while_starting_is_no_perf_finding():  # a guard of the rule above
     log = _DEGRADED.format(off="False").rsplit("[2026-12-05 17:43:10]", 1)[0]
     assert classify(log, None, "startup").failure_class == "startup_timeout"
+
+
+# ------------------------------------------------------------------ stages a fresh user read
+def test_vllms_nccl_version_line_is_before_the_communicators_init():
+    log = ("(EngineCore_DP0 pid=7) INFO 01-01 00:00:01 [pynccl.py:70] vLLM is using nccl==2.21.5\n"
+           "(EngineCore_DP0 pid=7) ERROR 01-01 00:00:02 [core.py:1] RuntimeError: NCCL error: unhandled system error "
+           "(run with NCCL_DEBUG=INFO for details)\n")
+    c = classify(log)
+    assert (c.failure_class, c.phase) == ("nccl_init_system_error", "distributed init"), c
+
+
+def test_sglangs_capture_failure_banner_is_in_graph_capture():
+    log = "[rank0]: Exception: Capture cuda graph failed: CUDA error: an illegal memory access was encountered\n"
+    assert classify(log).phase == "graph capture"
