@@ -134,7 +134,8 @@ def test_every_level_that_ran_and_lost_has_a_line_with_margin_and_reason(tmp_pat
     sec = text.split("### What ran and lost")[1].split("\n### ")[0]
     simple = next(line for line in sec.splitlines() if line.startswith("- `nccl_proto=Simple`"))
     assert "best 55.0 tok/s (t3, single measurement) = 0.61× the best (-34.9 tok/s), 0.67× the baseline (-27.0 tok/s)" in simple
-    assert "ITL p50 17.3 ms vs 11.1 ms in t2" in simple and "server log: `env: NCCL_PROTO=Simple`" in simple
+    assert "ITL p50 17.3 ms vs 11.1 ms in t2" in simple
+    assert "the server log shows the level in effect: `env: NCCL_PROTO=Simple`" in simple
     symm = next(line for line in sec.splitlines() if line.startswith("- `allreduce=torch_symm_mem`"))
     assert "1 of 1 launches failed: torch_symm_mem_unsupported (t4)" in symm
     # t1 (cuda_graph_max_bs=128) re-measured within noise of the winner: a tie, not listed as a loss
@@ -395,3 +396,15 @@ def test_a_conditional_knobs_tie_names_the_config_it_ties_with_not_the_best(tmp_
     assert "eagle_topk" not in best_or_better
     where = next(ln for ln in sec.splitlines() if ln.startswith("- Not losses where their knob applies"))
     assert "of the best such config (t6, 55.2 tok/s) or better: `eagle_topk=2` (54.9 tok/s, t7)" in where
+
+
+def test_a_level_skipped_for_a_degraded_allreduce_says_so_in_words(tmp_path):
+    spec = load_spec(compose_cfg(["sweep=smoke"]))
+    recs = [rec(0, 82.0, baseline=True, cuda_graph_max_bs=128), rec(1, 88.0, cuda_graph_max_bs=64),
+            rec(2, None, status="skipped", allreduce="custom", cuda_graph_max_bs=512)]
+    recs[2].skipped_by_rule = "degraded:allreduce=custom@t1"  # as the degraded gate stores it
+    for r in recs:
+        r.params.pop("nccl_proto")
+    text, _ = render_section(ctx(tmp_path, space=spec.space), recs)
+    still = text.split("### Still untried")[1].split("\n### ")[0]
+    assert "allreduce=custom fell back to NCCL in t1 (silently degraded)" in still and "@t1" not in still, still

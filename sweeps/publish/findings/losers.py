@@ -97,8 +97,8 @@ def _reasons(mapping: Mapping[str, list[str]], knob: str, level: Any, runs: Sequ
         if tags:
             why.append("perf tags: " + ", ".join(tags))
         line = path_line(top, knob, level)
-        if line:
-            why.append(f"server log: {code(line)}")
+        if line:  # evidence the level took effect (not a reason it lost): said as such
+            why.append(f"the server log shows the level in effect: {code(line)}")
     return why
 
 

@@ -5,6 +5,8 @@ the launches split over the sweep's approaches and each knob's levels."""
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -84,6 +86,9 @@ def _rule_text(rules_by_id: Mapping[str, Any], rule_id: str | None) -> str:
     (a silently degraded allreduce level is stored as its reason text)."""
     if rule_id is None:
         return "a known dead end"
+    m = re.fullmatch(r"degraded:(\w+)=(.+)@t(\d+)", str(rule_id))
+    if m:  # the degraded gate's stored reason (sweeps.search.gates.degraded)
+        return f"{m.group(1)}={m.group(2)} fell back to NCCL in t{m.group(3)} (silently degraded)"
     r = rules_by_id.get(str(rule_id))
     if r is None:
         return f"rule #{rule_id}" if str(rule_id).isdigit() else str(rule_id)
