@@ -246,6 +246,9 @@ class _Log:
         self.stages = stages
         self.form_stage = form_stage
         self.reached = {s for s in form_stage if s}
+        #: the forms that are a report's count of failed requests above zero (:data:`_FAILED_REQUESTS`)
+        self.failed_requests = {k for k, f in enumerate(v.forms)
+                                if "ailed request" in f.body and _FAILED_REQUESTS.search(f.body)}
         self.candidates = self._candidates()
         #: every distinct line scanned once, in order of first appearance (what requires/unless search)
         read = sorted(v.scan)
@@ -565,12 +568,12 @@ def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
     start = i
     if past_all:
         start = max([i] + [j for j, s in enumerate(v.severity) if s == FATAL and not _HARNESS.match(v.body(j))])
-    served = ("first_request",) if v.severity[start] == FATAL or _FAILED_REQUESTS.search(v.body(start)) \
-        else ("first_request", "result")
+    failed = log.failed_requests
+    served = ("first_request",) if v.severity[start] == FATAL or keys[start] in failed else ("first_request", "result")
     for j in range(start + 1, len(keys)):
         if log.form_stage[keys[j]] in served:
             return True
-        if _FAILED_REQUESTS.search(v.body(j)):
+        if keys[j] in failed:
             served = ("first_request",)
         if v.severity[j] == FATAL and not _HARNESS.match(v.body(j)):
             return False
