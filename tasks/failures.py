@@ -141,20 +141,15 @@ def _speedup_check(text: str) -> str | None:
     return f[0] if f else None
 
 
-#: The named whole-log checks a row may use (``check:`` in the YAML).
-_CHECKS: dict[str, Callable[[str], str | None]] = {
-    "spec_decode_no_speedup": _speedup_check,
-    "allreduce_path_degraded": lambda text: first_perf_line(text, "allreduce_path_degraded"),
+#: The named whole-log checks a row may use (``check:`` in the YAML), given the log and the exit
+#: code. With no exit code (a log alone) no trial says which all-reduce path it expected, and both
+#: engines warn that custom all-reduce is off on every PCIe node, asked for or not: only a path the
+#: log's own argument dump asked for counts there.
+_CHECKS: dict[str, Callable[[str, int | None], str | None]] = {
+    "spec_decode_no_speedup": lambda text, code: _speedup_check(text),
+    "allreduce_path_degraded": lambda text, code: first_perf_line(
+        text, "allreduce_path_degraded", None if code is not None else requested_paths(text)),
 }
-
-
-def _requested_degraded(text: str) -> str | None:
-    """The first line saying an all-reduce path the log's own arguments asked for was turned off,
-    or None: for a log with no exit code (a log alone), where no trial says which path it expected
-    (vLLM and SGLang warn that custom all-reduce is off on every PCIe node, asked for or not)."""
-    asked = requested_paths(text)
-    return next((f.line for f in detect_perf_findings(text) if f.tag == "allreduce_path_degraded" and f.path in asked),
-                None)
 if set(_CHECKS) != set(CHECK_NAMES):  # the table validates names against CHECK_NAMES
     raise SignatureTableError(f"checks implemented {sorted(_CHECKS)} != declared {sorted(CHECK_NAMES)}")
 
@@ -246,9 +241,9 @@ class _Log:
         self.stages = stages
         self.form_stage = form_stage
         self.reached = {s for s in form_stage if s}
-        #: the forms that are a report's count of failed requests above zero (:data:`_FAILED_REQUESTS`)
+        #: the forms that are a report's count of failed requests above zero (:data:`_FAILED_COUNT`)
         self.failed_requests = {k for k, f in enumerate(v.forms)
-                                if "ailed request" in f.body and _FAILED_REQUESTS.search(f.body)}
+                                if "ailed request" in f.body and _FAILED_COUNT.search(f.body)}
         self.candidates = self._candidates()
         #: every distinct line scanned once, in order of first appearance (what requires/unless search)
         read = sorted(v.scan)
@@ -550,7 +545,7 @@ def _readable_last(v: LogView) -> str:
 
 #: a benchmark report's count of requests that failed, above zero (vLLM's and SGLang's "Failed
 #: requests: 3", LMDeploy's profile_restful_api "number of failed requests: 987")
-_FAILED_REQUESTS = re.compile(r"(?i)\b(?:number of )?failed requests\s*[:=|]\s*0*[1-9]")
+_FAILED_COUNT = re.compile(r"(?i)\b(?:number of )?failed requests\s*[:=|]\s*0*[1-9]")
 
 
 def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
@@ -698,8 +693,7 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
             # alone) the log must show it up; a server killed while starting is no perf finding
             up = exit_code is not None or any(s in log.reached for s in _UP_STAGES) or "api_up" in log.reached
             if best is None and up and (row.exit_codes is None or exit_code in row.exit_codes):
-                line = (_requested_degraded(text) if row.check == "allreduce_path_degraded" and exit_code is None
-                        else _CHECKS[row.check](text))
+                line = _CHECKS[row.check](text, exit_code)
                 if line is not None:
                     return _make(row.failure_class, line, f"<{row.failure_class}>", PHASE_NAMES.get(stages[-1], ""))
             continue

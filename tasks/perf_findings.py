@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from tasks.failure_signatures import MAX_LINE_CHARS, TABLES, normalize_line
@@ -171,9 +171,10 @@ def requested_paths(text: str) -> set[str]:
     return {path for path, pat in _REQUESTED.items() if pat.search(text)}
 
 
-def first_perf_line(text: str, tag: str) -> str | None:
-    """The raw line of the first finding with ``tag`` in ``text``, or None."""
+def first_perf_line(text: str, tag: str, paths: Collection[str] | None = None) -> str | None:
+    """The raw line of the first finding with ``tag`` in ``text``, or None. ``paths``: only an
+    all-reduce path among these counts (as ``detect_perf_tags``' expected paths)."""
     for f in detect_perf_findings(text):
-        if f.tag == tag:
+        if f.tag == tag and (paths is None or not f.path or f.path in paths):
             return f.line
     return None

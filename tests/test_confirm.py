@@ -89,6 +89,19 @@ class _Driver:
         self.interrupted = False
 
 
+#: the three configs most of these races are run on: the baseline, a graph-size change, an all-reduce change
+BASE = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+G64 = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
+CUSTOM128 = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
+
+
+def _with_task(drv, task, tmp_path):
+    """``drv`` launching through ``task`` (a stand-in Ray task) with the executor it uses."""
+    drv._trial_task = task
+    drv.executor = RayExecutor(_FakeRay(), task, None, str(tmp_path / "work"), 2)
+    return drv
+
+
 def _study(trials):
     study = optuna.create_study(direction="maximize", study_name="s")
     dist = {"speculative": optuna.distributions.CategoricalDistribution(["none"]),
@@ -102,7 +115,7 @@ def _study(trials):
 
 
 def test_lucky_config_does_not_win_and_mismatch_is_flagged(tmp_path):
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
+    base = BASE
     lucky = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}   # measured 91, truly 84
     steady = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}  # measured 89.5, truly 89.5
     fast_wrong = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}  # fastest, bad tokens
@@ -136,8 +149,8 @@ def test_lucky_config_does_not_win_and_mismatch_is_flagged(tmp_path):
 def test_findings_show_the_confirmation(tmp_path):
     from sweeps.publish.findings import update_findings
 
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    other = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
+    base = BASE
+    other = CUSTOM128
     study = _study([(base, 82.0, True), (other, 95.0, False)])
     drv = _Driver(tmp_path, study, {records.config_key(base): 82.0, records.config_key(other): 95.0})
     out = confirm.confirm_top(drv, k=1, repeats=3,
@@ -197,9 +210,9 @@ def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
     or the baseline), up to the budget, and reports them as a tie group; a rerun launches
     nothing, a larger budget only adds launches. (Futility off: at 6 repeats this race is not
     decidable, and the default stops it at once: the next test.)"""
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
-    b = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
+    base = BASE
+    a = G64
+    b = CUSTOM128
     slow = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
     study = _study([(base, 82.0, True), (a, 91.0, False), (b, 90.5, False), (slow, 90.0, False)])
     truth = {records.config_key(base): 82.0, records.config_key(a): 88.6, records.config_key(b): 91.0,
@@ -250,9 +263,9 @@ def test_the_race_does_not_spend_launches_it_cannot_decide_with(tmp_path):
     """The same two close configs with futility on (the default): projected from their first 3
     repeats, 6 could neither separate nor show them equivalent within 1 %, so neither gets more;
     the decision says so and keeps both in the tie group."""
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
-    b = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
+    base = BASE
+    a = G64
+    b = CUSTOM128
     study = _study([(base, 82.0, True), (a, 91.0, False), (b, 90.5, False)])
     truth = {records.config_key(base): 82.0, records.config_key(a): 88.6, records.config_key(b): 91.0}
     drv = _Driver(tmp_path, study, truth)
@@ -262,8 +275,8 @@ def test_the_race_does_not_spend_launches_it_cannot_decide_with(tmp_path):
     assert "would still be neither at 6 repeats" in out["decision_reason"] and out["winner"] == 1
 
 def test_a_confirmation_stored_before_the_race_is_kept_as_evidence(tmp_path):
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    fast = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
+    base = BASE
+    fast = G64
     study = _study([(base, 82.0, True), (fast, 91.0, False)])
     drv = _Driver(tmp_path, study, {records.config_key(base): 82.0, records.config_key(fast): 90.0})
     study.set_user_attr(confirm.ATTR, {"candidates": [0, 1], "repeats": 3, "round": 0, "winner": 1, "entries": [
@@ -570,14 +583,13 @@ class _CrashingTask(_Task):
 
 
 def test_a_confirmation_launch_whose_server_crashed_is_launched_again_not_counted(tmp_path):
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
-    slow = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
+    base = BASE
+    a = G64
+    slow = CUSTOM128
     study = _study([(base, 82.0, True), (a, 90.0, False), (slow, 89.0, False)])
     truth = {records.config_key(base): 82.0, records.config_key(a): 90.0, records.config_key(slow): 53.0}
     drv = _Driver(tmp_path, study, truth)
-    drv._trial_task = _CrashingTask(truth, {records.config_key(base): 2})  # two of its first three launches
-    drv.executor = RayExecutor(_FakeRay(), drv._trial_task, None, str(tmp_path / "work"), 2)
+    _with_task(drv, _CrashingTask(truth, {records.config_key(base): 2}), tmp_path)  # two of its first three launches
     out = confirm.confirm_top(drv, k=2, repeats=3, max_repeats=3, margin=0.01)
     by = {e["trial"]: e for e in out["entries"]}
     # the baseline's crashed launches measured nothing: it still gets its 3 measured repeats
@@ -588,13 +600,12 @@ def test_a_confirmation_launch_whose_server_crashed_is_launched_again_not_counte
 
 
 def test_a_config_that_crashes_on_every_launch_stops_after_its_repeats_worth(tmp_path):
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
+    base = BASE
+    a = G64
     study = _study([(base, 82.0, True), (a, 90.0, False)])
     truth = {records.config_key(base): 82.0, records.config_key(a): 90.0}
     drv = _Driver(tmp_path, study, truth)
-    drv._trial_task = _CrashingTask(truth, {}, always={records.config_key(a)})
-    drv.executor = RayExecutor(_FakeRay(), drv._trial_task, None, str(tmp_path / "work"), 2)
+    _with_task(drv, _CrashingTask(truth, {}, always={records.config_key(a)}), tmp_path)
     out = confirm.confirm_top(drv, k=1, repeats=3, max_repeats=3, margin=0.01)
     lost = [x for x in out["launches"] if x["trial"] == 1]
     assert len(lost) == 3 and all(x["failure"] == "server_crash" for x in lost)  # bounded, not a loop
@@ -605,9 +616,9 @@ def test_a_driver_killed_mid_round_keeps_the_launches_that_round_finished(tmp_pa
     """The driver dies (no handler runs) in the first round, before any round is stored: the
     launches that round finished are checkpointed one by one, and the next run launches only the
     rest, with the same decision as an unkilled run."""
-    base = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 512}
-    a = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 64}
-    b = {"speculative": "none", "allreduce": "custom", "cuda_graph_max_bs": 128}
+    base = BASE
+    a = G64
+    b = CUSTOM128
     truth = {records.config_key(base): 82.0, records.config_key(a): 90.0, records.config_key(b): 85.0}
     trials = [(base, 82.0, True), (a, 91.0, False), (b, 86.0, False)]
     ref = _Driver(tmp_path / "ref", _study(trials), truth)

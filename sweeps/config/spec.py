@@ -539,14 +539,12 @@ def _check_knob_levels(spec: SweepSpec, space: SearchSpace) -> list[str]:
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in p.choices):
             out.append(f"{where}.choices: {p.name} takes numbers only (got {list(p.choices)})")
         if p.type == "categorical" and base:
-            envs = []
             for level in p.choices:
                 try:
-                    envs.append(render_trial(spec, {**base, p.name: level})[1])
+                    render_trial(spec, {**base, p.name: level})
                 except KnobError as e:
                     out.append(f"{where}.choices: level {level!r}: {e}")
-            out += _env_overlaps(spec, p.name, list(p.choices), envs)
-    return out
+    return out + _env_overlaps(spec)
 
 
 def knob_env_vars(spec: SweepSpec) -> dict[str, str]:
@@ -572,17 +570,16 @@ def knob_env_vars(spec: SweepSpec) -> dict[str, str]:
     return out
 
 
-def _env_overlaps(spec: SweepSpec, knob: str, levels: list[Any], envs: list[dict[str, str]]) -> list[str]:
-    """``backend.env`` variables a searched knob also sets: the rendered environment of the knob's
-    levels differs in them. A level that leaves the variable unset (``nccl_algo=default``) would
-    run with ``backend.env``'s value and its result be credited to that level."""
-    out = []
-    for var, value in sorted(spec.backend.env.items()):
-        if len({e.get(var) for e in envs}) > 1:
-            out.append(f"backend.env.{var}: the searched knob sweep.params.{knob} sets {var} too (levels {levels}); "
-                       f"a level that leaves it unset would run with {var}={value!r} and its result be credited to that "
-                       f"level. Remove {var} from backend.env, or search its values with the knob")
-    return out
+def _env_overlaps(spec: SweepSpec) -> list[str]:
+    """``backend.env`` variables a searched knob also sets (:func:`knob_env_vars`). A level that
+    leaves the variable unset (``nccl_algo=default``) would run with ``backend.env``'s value and its
+    result be credited to that level."""
+    knobs = knob_env_vars(spec) if spec.backend.env else {}
+    choices = {p.name: list(p.choices) for p in spec.space.params if p.type == "categorical"}
+    return [f"backend.env.{var}: the searched knob sweep.params.{knobs[var]} sets {var} too (levels "
+            f"{choices[knobs[var]]}); a level that leaves it unset would run with {var}={value!r} "
+            f"and its result be credited to that level. Remove {var} from backend.env, or search its values with the knob"
+            for var, value in sorted(spec.backend.env.items()) if var in knobs]
 
 
 def render_trial(spec: SweepSpec, params: Mapping[str, Any]) -> tuple[list[str], dict[str, str], dict[str, Any]]:

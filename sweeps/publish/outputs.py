@@ -138,14 +138,15 @@ class Publisher:
         censored = censored_text(metrics, self.objectives.primary.name) if res.status == "ok" else None
         if requestion or (retired and res.status == "ok"):  # a re-question trial is its probe only
             passed = res.status == "ok" and trial_records.DEGRADED not in res.perf_tags
+            how = " ".join(x for x in (res.status, res.failure_class) if x)
             if passed:
                 what = (f"passed: retired {', '.join(retired)} (dead end no longer reproduces)" if retired
                         else "passed: the dead end no longer reproduces")
             elif res.status in ("interrupted", "infra_error") or res.failure_kind in ("transient", "infra"):
                 # stopped, or failed for the node's or a passing reason: it answered nothing about the rule
-                what = f"{' '.join(x for x in (res.status, res.failure_class) if x)}: no answer, the rule stands"
+                what = f"{how}: no answer, the rule stands"
             else:
-                what = f"{' '.join(x for x in (res.status, res.failure_class) if x)}: the dead end still reproduces"
+                what = f"{how}: the dead end still reproduces"
             line = f"{name}: re-question probe {what}"[:200]
         elif censored is not None:  # a load search that stopped at a bound: the bound is the value
             line = f"{name}: {censored} (censored: the rate search stopped at this bound)"
