@@ -548,6 +548,46 @@ def _readable_last(v: LogView) -> str:
 _FAILED_COUNT = re.compile(r"(?i)\b(?:number of )?failed requests\s*[:=|]\s*0*[1-9]")
 
 
+#: what a benchmark run was asked to send, in the order a log shows it: the command line's
+#: ``--num-prompts N`` (SGLang's bench_serving, vLLM's ``vllm bench serve`` / benchmark_serving.py)
+#: or its echoed ``Namespace(... num_prompts=N ...)``; a dataset's own count ("Total prompts: N",
+#: bench_serving's generated-shared-prefix statistics). Not a progress bar's total: another tool
+#: of the same log (a gsm8k run's ``1319/1319``) draws one too
+_ASKED = re.compile(r"--num[-_]prompts[= ]+(\d+)\b|\bnum_prompts=(\d+)\b|^\s*Total prompts:\s*(\d+)\s*$")
+#: bench_serving's generated-shared-prefix dataset sends groups x prompts per group, whatever
+#: ``--num-prompts`` says (sglang bench_serving.py sample_generated_shared_prefix_requests)
+_IGNORES_NUM_PROMPTS = re.compile(r"generated-shared-prefix")
+_SUCCESSFUL = re.compile(r"^\s*Successful requests:\s*(\d+)\s*$")
+
+
+def _failed_report(log: _Log) -> int | None:
+    """The first benchmark report line that says some requests failed: its own failed count
+    above zero (``Failed requests: 50``), or ``Successful requests: M`` below what that run was
+    asked to send (the latest of :data:`_ASKED` before the report: ``--num-prompts 3000`` ...
+    ``Successful requests: 1648``, where neither bench_serving nor the server printed why).
+    None when no report in the log shows a shortfall."""
+    v = log.view
+    if log.failed_requests:
+        first = min(log.failed_requests)
+        return next(i for i, k in enumerate(v.keys) if k == first)
+    if "Successful requests" not in log.text:
+        return None
+    asked: int | None = None
+    for i, line in enumerate(v.lines):
+        if "uccessful requests" in line:
+            m = _SUCCESSFUL.match(v.body(i))
+            if m and asked is not None and int(m.group(1)) < asked:
+                return i
+            asked = None  # the next run states its own
+            continue
+        if "prompts" in line:
+            m = _ASKED.search(v.body(i))
+            if m:
+                asked = None if m.group(1) and _IGNORES_NUM_PROMPTS.search(line) else \
+                    int(next(g for g in m.groups() if g is not None))
+    return None
+
+
 def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
     """The server served requests (SGLang's / vLLM's per-batch lines, a request answered) after
     line ``i`` and before the next fatal event (``past_all``: after every fatal event of the log):
@@ -756,6 +796,9 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
         dump = _dumped_after_serving(log)
         if dump is not None:  # served, then a process was dumped: not healthy, and nothing names why
             return _make("unknown", lines[dump], "<no log output, exit unknown>", where)
+        short = _failed_report(log)
+        if short is not None:  # a report says requests failed, and nothing names why
+            return _make("unknown", lines[short], "<no log output, exit unknown>", where)
         stall = _stalled(v)
         if stall is not None:  # requests running, no token made for the last metric lines
             return _make("bench_stall", lines[stall], "<bench_stall>", where)

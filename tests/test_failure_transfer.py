@@ -1242,3 +1242,84 @@ def test_vllms_nccl_version_line_is_before_the_communicators_init():
 def test_sglangs_capture_failure_banner_is_in_graph_capture():
     log = "[rank0]: Exception: Capture cuda graph failed: CUDA error: an illegal memory access was encountered\n"
     assert classify(log).phase == "graph capture"
+
+
+# ------------------------------------------------------------------ test22 read
+def test_the_driver_apis_out_of_memory_code_is_an_oom():
+    # torch_memory_saver under SGLang in verl (sgl-project/sglang#14092, as posted)
+    log = ("(SGLangHttpServer pid=250977) [torch_memory_saver.cpp] CUresult error: 2 (out of memory)  file=csrc/utils.h "
+           "func=cu_mem_create line=194\n"
+           "(WorkerDict pid=209740) WARNING:2025-11-28 16:00:45,396:Async request to resume_memory_occupation timed out "
+           "(attempt 1)\n")
+    c = classify(log)
+    assert (c.failure_class, c.kind) == ("cuda_oom_runtime", "transient"), c
+
+
+def test_another_curesult_code_is_not_an_oom():  # a guard of the rule above
+    log = "[torch_memory_saver.cpp] CUresult error: 1 (invalid argument)  file=csrc/utils.h func=cu_mem_create line=194\n"
+    assert classify(log).failure_class not in ("cuda_oom_runtime", "cuda_oom_graph_capture")
+
+
+_BENCH_REPORT = ("python3 -m sglang.bench_serving --backend sglang --dataset-name sharegpt --num-prompts 3000\n"
+                 "============ Serving Benchmark Result ============\n"
+                 "Backend:                                 sglang    \n"
+                 "Successful requests:                     {ok}      \n"
+                 "Benchmark duration (s):                  170.41    \n"
+                 "Output token throughput (tok/s):         1915.40   \n")
+
+
+def test_a_report_short_of_the_prompts_asked_is_not_healthy():
+    # sgl-project/sglang#2805 (1648 of 3000 succeeded, as posted, trimmed)
+    c = classify(_BENCH_REPORT.format(ok=1648))
+    assert c.failure_class == "unknown" and "1648" in c.line, c
+
+
+def test_a_report_with_every_prompt_answered_stays_healthy():  # a guard of the rule above
+    assert classify(_BENCH_REPORT.format(ok=3000)).failure_class == "healthy"
+
+
+def test_tgis_automodel_fallback_refusing_to_shard_is_the_model():
+    # huggingface/text-generation-inference#3272 (Falcon-H1), as posted
+    log = ("2025-06-10T09:02:18.377370Z ERROR text_generation_launcher: Error when initializing model\n"
+           "Traceback (most recent call last):\n"
+           '  File "/usr/src/server/text_generation_server/models/__init__.py", line 1709, in get_model\n'
+           '    raise NotImplementedError("sharded is not supported for AutoModel")\n'
+           "NotImplementedError: sharded is not supported for AutoModel\n")
+    assert classify(log).failure_class == "model_load_error"
+
+
+def test_a_flag_not_supported_with_another_stays_an_incompatible_setting():  # a guard of the rule above
+    log = "NotImplementedError: FP8 KV cache is not supported with chunked prefill\n"
+    assert classify(log).failure_class == "server_args_incompatible"
+
+
+def test_an_ascend_ops_tiling_check_refusing_the_shape_is_an_unsupported_kernel():
+    # vllm-project/vllm-ascend#5310, as posted (the last lines)
+    log = ("(EngineCore_DP0 pid=11521) RuntimeError: Worker failed with error 'npu_moe_gating_top_k:build/CMakeFiles/"
+           "torch_npu.dir/compiler_depend.ts:48 NPU function error: call aclnnMoeGatingTopK failed, error code is 561002\n"
+           "(EngineCore_DP0 pid=11521) EZ9999: Inner Error!\n"
+           "(EngineCore_DP0 pid=11521) EZ9999: [PID: 11657] 2025-12-24-02:36:12.999.877 expert count is: 128, but "
+           "currently only support 256.[FUNC:CheckInputShape][FILE:moe_gating_top_k_tiling.cpp][LINE:166]\n")
+    c = classify(log)
+    assert (c.failure_class, c.kind) == ("unsupported_arch_kernel", "deterministic"), c
+
+
+def test_an_ascend_device_fault_stays_a_memory_fault():  # a guard of the rule above
+    log = ("EZ9999: Inner Error!\nEZ9999: [PID: 1] The error from device(chipId:7, dieId:0), there is an exception of "
+           "aivec error, core id is 9.[FUNC:ProcessStarsCoreErrorInfo][FILE:device_error_core_proc.cc][LINE:303]\n")
+    assert classify(log).failure_class != "unsupported_arch_kernel"
+
+
+def test_a_worker_that_died_after_vllms_shm_wait_notice_is_the_crash():
+    # OpenPipe/ART#201, as posted
+    log = ("DEBUG 07-04 17:35:10 [shm_broadcast.py:456] No available shared memory broadcast block found in 60 second.\n"
+           "ERROR 07-04 17:35:16 [multiproc_executor.py:140] Worker proc VllmWorker-1 died unexpectedly, shutting down "
+           "executor.\n"
+           "DEBUG 07-04 17:36:10 [shm_broadcast.py:456] No available shared memory broadcast block found in 60 second.\n")
+    assert classify(log).failure_class == "server_crash"
+
+
+def test_the_shm_wait_notice_alone_is_still_the_engines_hang_detector():  # a guard of the rule above
+    log = ("WARNING 07-04 17:35:10 [shm_broadcast.py:456] No available shared memory broadcast block found in 60 second.\n"
+           "ERROR 07-04 17:36:16 [core.py:1] TimeoutError: RPC call to execute_model timed out.\n")
+    assert classify(log).failure_class == "engine_hang_detected"
