@@ -285,3 +285,61 @@ def test_a_level_not_launched_under_an_owed_approach_says_the_quota_is_owed():
         "\n".join(untried_section(ctx, recs, {}, []))
     paid = [_rec(i, "none") for i in range(7)] + [_rec(7 + i, "eagle3", steps=1) for i in range(3)]
     assert "never launched: 2 (not proposed yet)" in "\n".join(untried_section(ctx, paid, {}, []))
+
+
+def test_approaches_in_the_race_are_compared_on_equal_footing():
+    """Two approaches whose bests lie within ``compare_within`` (default 10 %) of the leader are
+    compared with their shared knobs alike: each one's best takes one differing shared knob of
+    the other's best, the leader's approach first; a conditional knob (EAGLE-3's steps) stays
+    with its approach. Further apart, or with ``compare_within`` null, there is nothing to compare."""
+    cov = Coverage(ApproachesConfig(knob="speculative"), SPACE)
+    plain = _val(0, "none", 90.0, g=64)
+    eagle = _val(1, "eagle3", 88.0, steps=2, moe="flashinfer")
+    crosses = cov.crosses([plain, eagle])
+    assert crosses == [
+        ({"speculative": "none", "g": 8, "moe": "none"}, 0, 1),
+        ({"speculative": "none", "g": 64, "moe": "flashinfer"}, 0, 1),
+        ({"speculative": "eagle3", "g": 64, "moe": "flashinfer", "steps": 2}, 1, 0),
+        ({"speculative": "eagle3", "g": 8, "moe": "none", "steps": 2}, 1, 0)]
+    # an approach more than 10 % behind is not in the race
+    assert cov.crosses([plain, _val(1, "eagle3", 78.0, steps=2)]) == []
+    assert Coverage(ApproachesConfig(knob="speculative", compare_within=None), SPACE).crosses([plain, eagle]) == []
+    # one approach alone, or the same shared knobs: nothing to compare
+    assert cov.crosses([plain]) == []
+    assert cov.crosses([plain, _val(1, "eagle3", 88.0, steps=2, g=64)]) == []
+
+
+def _bench_far(tmp_path, *extra: str):
+    from pathlib import Path
+
+    landscapes = Path(__file__).resolve().parents[1] / "benchmarks" / "landscapes"
+    return run_in_process(load_spec(compose_cfg([
+        f"hydra.searchpath=[file://{landscapes}]", "backend=instant", "sweep=eagle3_allreduce",
+        "sweep.budget.wall_time_s=null", "sweep.confirm.top_k=0", "sweep.budget.max_asks=9", *extra,
+        f"tracking.store_dir={tmp_path}", f"tracking.findings_dir={tmp_path / 'findings'}"])))
+
+
+def test_eagle3_close_behind_is_launched_with_the_allreduce_plain_decoding_won_with(tmp_path):
+    """On a node where EAGLE-3 and plain decoding measure within 10 % (the benchmark's ``far``
+    landscape: a fast verify pass, custom all-reduce working at TP=8), the first free ask after
+    the seeds launches the leading approach's best with the one shared knob the other's best
+    changed: the team's EAGLE-3 seed (NCCL) with the custom all-reduce plain decoding gained
+    with, which measures above both. On the campaign's node (EAGLE-3 ~35 % behind) no launch is
+    an equal-footing one."""
+    from sweeps.search.coverage import A_EQUAL_FOOTING
+
+    drv = _bench_far(tmp_path / "far", "node=bench_far")
+    trials = {t.number: t for t in drv.study.get_trials(deepcopy=False)}
+    recs = {r.number: r for r in records.load_records(drv.study)}
+    eq = [n for n, t in trials.items() if t.user_attrs.get(A_EQUAL_FOOTING)]
+    assert eq, {n: r.params for n, r in recs.items()}
+    first = eq[0]
+    t, o = trials[first].user_attrs[A_EQUAL_FOOTING]
+    mine, theirs, got = recs[t].params, recs[o].params, recs[first].params
+    assert mine["speculative"] == got["speculative"] == "eagle3" and theirs["speculative"] == "none"
+    changed = {k for k in got if got[k] != mine.get(k)}
+    assert changed == {"allreduce"} and got["allreduce"] == theirs["allreduce"] == "custom"
+    val = records.value_of(recs[first])
+    assert val is not None and val > max(records.value_of(recs[t]), records.value_of(recs[o]))
+    home = _bench_far(tmp_path / "campaign")
+    assert not [t for t in home.study.get_trials(deepcopy=False) if t.user_attrs.get(A_EQUAL_FOOTING)]

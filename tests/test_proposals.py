@@ -216,3 +216,23 @@ def test_max_consecutive_skips_is_a_safety_net_not_the_exhaustion_test(tmp_path,
     drv = run_in_process(_spec(tmp_path, "sweep=eagle3_allreduce", "sweep.budget.trials=25",
                                f"sweep.budget.max_consecutive_skips={cap}"))
     assert drv.stop_reason == "trial budget spent (25 launched)"
+
+
+def test_a_change_a_constraint_forces_counts_with_the_change_that_forced_it():
+    """From EAGLE-3's 3 steps / 4 draft tokens (top-k 1), 1 step alone breaks ``num_draft_tokens
+    <= topk x num_steps + 1``: 1 step with the 2 draft tokens it allows is one move, as near as a
+    one-knob change; two changes neither of which alone breaks a constraint stay two."""
+    space = parse_space({"steps": {"type": "int", "low": 1, "high": 3}, "topk": {"type": "categorical", "choices": [1, 2]},
+                         "tokens": {"type": "int", "low": 2, "high": 4}},
+                        [{"name": "fit", "expr": "tokens <= topk * steps + 1"}])
+    here = {"steps": 3, "topk": 1, "tokens": 4}
+    draw = UntriedDraw(space, seed=0)
+    assert draw.move_distance({"steps": 1, "topk": 1, "tokens": 2}, here) == 1
+    assert draw.move_distance({"steps": 2, "topk": 1, "tokens": 3}, here) == 1  # 2 steps alone fits 3 tokens, not 4
+    assert draw.move_distance({"steps": 3, "topk": 2, "tokens": 3}, here) == 2  # neither change alone breaks it
+    assert draw.move_distance({"steps": 2, "topk": 1, "tokens": 4}, here) == 1  # one knob: as before
+    # the draw reaches the one-step shape among its nearest candidates
+    taken = {records.config_key(here)}
+    picks = {records.config_key(d) for s in range(20)
+             if (d := UntriedDraw(space, seed=s).draw(taken, lambda c: True, near=here)) is not None}
+    assert records.config_key({"steps": 1, "topk": 1, "tokens": 2}) in picks

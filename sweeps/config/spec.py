@@ -224,6 +224,12 @@ class ApproachesConfig(_Model):
     #: ... and it has at least this many ok launches. 1: a single measurement that far below is
     #: already separated from noise (the difference's sd above)
     release_after: int = Field(default=1, ge=1)
+    #: approaches whose bests lie within this fraction of the leading approach's best are still
+    #: in the race, and are compared on equal footing: the best config of each is launched with
+    #: the shared knobs of the other's best (:meth:`sweeps.search.coverage.Coverage.crosses`).
+    #: 0.10 is the release margin's scale: several times the sd of a difference of two single
+    #: measurements (2.1-4.2 %, above). Null: never.
+    compare_within: float | None = Field(default=0.10, gt=0, lt=1)
 
 
 class SweepConfig(_Model):

@@ -28,17 +28,17 @@ from typing import Any
 
 import optuna
 
-from sweeps.config.space import SearchSpace
+from sweeps.config.space import SearchSpace, SpaceError
 from sweeps.config.spec import SweepSpec
 from sweeps.rules.store import RuleStore
 from sweeps.run.best_effort import best_effort
 from sweeps.run.ownership import write_unless_finished
 from sweeps.run.runner import InFlight
 from sweeps.search import gates, load_objective
-from sweeps.search.coverage import Coverage, pin, waiting
+from sweeps.search.coverage import A_EQUAL_FOOTING, Coverage, pin, waiting
 from sweeps.search.probes import A_REQUESTION, ProbePlanner, ProbeStep, enqueue_requestions
 from sweeps.search.queue_order import pop_priority
-from sweeps.search.untried import UntriedDraw, allowed_by_knowledge, redirect
+from sweeps.search.untried import UntriedDraw, allowed_by_knowledge, redirect, taken_keys
 from sweeps.store import records
 from sweeps.store import study as study_store
 from sweeps.store.record_io import write_outcome
@@ -117,12 +117,36 @@ class Searcher:
 
     def pin_due(self, running: Running) -> None:
         """Before a free ask of the sampler (nothing enqueued waits), pin the approach that is
-        due (:meth:`sweeps.search.coverage.Coverage.due`); nothing without ``sweep.approaches``."""
+        due (:meth:`sweeps.search.coverage.Coverage.due`), else enqueue the first untried,
+        feasible equal-footing comparison of the approaches still in the race
+        (:meth:`~sweeps.search.coverage.Coverage.crosses`) that the node's knowledge allows;
+        nothing without ``sweep.approaches``."""
         if self.coverage is None or not self.gated or waiting(self.study):
             return
-        level = self.coverage.due(records.load_records(self.study), [p for _, p in running])
+        recs = records.load_records(self.study)
+        inflight = [p for _, p in running]
+        level = self.coverage.due(recs, inflight)
         if level is not None:
             pin(self.study, self.coverage.knob, level)
+            return
+        crosses = self.coverage.crosses(recs)
+        if not crosses:
+            return
+        taken = taken_keys(self.study, inflight)
+        allowed = allowed_by_knowledge(self.rules, self.fingerprint, self.study, self.spec.model.name, self.study_name)
+        for cfg, t, o in crosses:
+            try:
+                cfg = self.space.normalize(cfg)
+            except SpaceError:  # the first approach's own knobs do not fit the shared ones
+                continue
+            if self.space.violated(cfg) or records.config_key(cfg) in taken or not allowed(cfg):
+                continue
+            base = next(r.params for r in recs if r.number == t)
+            moved = ", ".join(f"{k}={v}" for k, v in cfg.items() if base.get(k) != v)
+            log.info("equal footing: trial %d's config with %s from trial %d", t, moved, o)
+            attrs = {A_EQUAL_FOOTING: [t, o]}
+            self.study.enqueue_trial(cfg, user_attrs={**attrs, "enqueue_attrs": attrs})
+            return
 
     def _due_within(self, running: Running) -> dict[str, Any] | None:
         """The approach a redirect must stay in: the one due for its quota, if any."""

@@ -8,7 +8,8 @@ constraints applied) and shuffled; a space with a continuous float, or one large
 :data:`ENUMERATE_LIMIT`, is rejection-sampled (:data:`SAMPLE_DRAWS` draws). A candidate
 must not be taken (finished, running or queued), must not hit a learned rule on this node
 or a silently degraded allreduce level. Among those, the one NEAREST the sampler's proposal
-(fewest knobs changed) is taken, so the redirect stays in the region the sampler chose instead of
+(fewest knobs changed; a change a constraint forces counts with the change that forced
+it: :meth:`UntriedDraw.move_distance`) is taken, so the redirect stays in the region the sampler chose instead of
 spending launches on a uniform draw. Among equally near candidates an additive surrogate of the
 study's measurements (:class:`LevelModel`: main effects plus an exploration bonus) ranks them, so
 the draw changes knobs that were seen to matter or barely tried first; among equal gains, a knob
@@ -102,6 +103,23 @@ class UntriedDraw:
             if not self.space.violated(cfg):
                 yield cfg
 
+    def move_distance(self, cand: Mapping[str, Any], near: Mapping[str, Any]) -> int:
+        """Knobs ``cand`` changes from ``near`` (:func:`distance`), counting a change a constraint
+        forced as part of the change that forced it: two knobs changed, one of which alone breaks a
+        constraint at ``near``, is one move. (From EAGLE-3's 3 steps / top-k 1 / 4 draft tokens, one
+        step alone breaks ``num_draft_tokens <= topk x num_steps + 1``; one step with the draft
+        tokens it allows is one move, not two.)"""
+        d = distance(cand, near)
+        if d != 2:
+            return d
+        moved = [k for k in cand if near.get(k) != cand[k]]
+        if len(moved) != 2 or any(k not in near for k in moved):
+            return d
+        for k in moved:
+            if self.space.violated({**near, k: cand[k]}):
+                return 1
+        return d
+
     def draw(self, taken: set[str], allowed: Callable[[Mapping[str, Any]], bool],
              near: Mapping[str, Any] | None = None,
              model: LevelModel | None = None) -> dict[str, Any] | None:
@@ -120,7 +138,7 @@ class UntriedDraw:
             def key(c: Mapping[str, Any]) -> tuple[int, float, float]:
                 moved = max((ranges.get(k, 0.0) for k, v in c.items() if near.get(k) != v), default=0.0)
                 # gains rounded so that equal sums reached in another order still tie
-                return distance(c, near), -round(gain(c, near), 9), -moved
+                return self.move_distance(c, near), -round(gain(c, near), 9), -moved
             cands = sorted(cands, key=key)  # stable: ties keep the seeded order
         for cfg in cands:
             if trial_records.config_key(cfg) not in taken and allowed(cfg):
