@@ -241,9 +241,10 @@ class _Log:
         self.stages = stages
         self.form_stage = form_stage
         self.reached = {s for s in form_stage if s}
-        #: the forms that are a report's count of failed requests above zero (:data:`_FAILED_COUNT`)
-        self.failed_requests = {k for k, f in enumerate(v.forms)
-                                if "ailed request" in f.body and _FAILED_COUNT.search(f.body)}
+        #: the lines that are a report's count of failed requests above zero (:data:`_FAILED_COUNT`),
+        #: read line by line: lines that differ only in their digits share one form, whose body is
+        #: its first line's ("Failed requests: 0" would hide a later run's "Failed requests: 3")
+        self.failed_requests = {i for i, ln in enumerate(v.lines) if "ailed request" in ln and _FAILED_COUNT.search(ln)}
         self.candidates = self._candidates()
         #: every distinct line scanned once, in order of first appearance (what requires/unless search)
         read = sorted(v.scan)
@@ -369,7 +370,9 @@ def _ended_in_error(log: _Log) -> int | None:
     for i in range(len(v.lines) - 1, _tail_start(v) - 1, -1):
         if v.severity[i] == WARN or not v.quotable(i) or v.forms[v.keys[i]].component == "nccl":
             continue
-        if ERRORISH.search(v.body(i)):
+        # the line's own text, not its form's (a report's "Failed requests: 0" shares the form
+        # of an earlier run's "Failed requests: 3"): the last few lines only, so it costs little
+        if ERRORISH.search(strip_prefixes(v.lines[i])[0]):
             answered = any(_ANSWERED.search(v.body(j)) for j in range(i + 1, len(v.lines)))
             return None if answered or _served_after(log, i, past_all=False) else i
     return None
@@ -545,18 +548,17 @@ def _readable_last(v: LogView) -> str:
 
 #: a benchmark report's count of requests that failed, above zero (vLLM's and SGLang's "Failed
 #: requests: 3", LMDeploy's profile_restful_api "number of failed requests: 987")
-_FAILED_COUNT = re.compile(r"(?i)\b(?:number of )?failed requests\s*[:=|]\s*0*[1-9]")
+_FAILED_COUNT = re.compile(r"(?i)(?<!retried )\b(?:number of )?failed requests\s*[:=|]\s*0*[1-9]")
 
 
 #: what a benchmark run was asked to send, in the order a log shows it: the command line's
 #: ``--num-prompts N`` (SGLang's bench_serving, vLLM's ``vllm bench serve`` / benchmark_serving.py)
 #: or its echoed ``Namespace(... num_prompts=N ...)``; a dataset's own count ("Total prompts: N",
-#: bench_serving's generated-shared-prefix statistics). Not a progress bar's total: another tool
-#: of the same log (a gsm8k run's ``1319/1319``) draws one too
+#: bench_serving's generated-shared-prefix statistics: that dataset sends groups x prompts per
+#: group, whatever ``--num-prompts`` says, sglang bench_serving.py
+#: sample_generated_shared_prefix_requests). Not a progress bar's total: another tool of the same
+#: log (a gsm8k run's ``1319/1319``) draws one too
 _ASKED = re.compile(r"--num[-_]prompts[= ]+(\d+)\b|\bnum_prompts=(\d+)\b|^\s*Total prompts:\s*(\d+)\s*$")
-#: bench_serving's generated-shared-prefix dataset sends groups x prompts per group, whatever
-#: ``--num-prompts`` says (sglang bench_serving.py sample_generated_shared_prefix_requests)
-_IGNORES_NUM_PROMPTS = re.compile(r"generated-shared-prefix")
 _SUCCESSFUL = re.compile(r"^\s*Successful requests:\s*(\d+)\s*$")
 
 
@@ -566,25 +568,26 @@ def _failed_report(log: _Log) -> int | None:
     asked to send (the latest of :data:`_ASKED` before the report: ``--num-prompts 3000`` ...
     ``Successful requests: 1648``, where neither bench_serving nor the server printed why).
     None when no report in the log shows a shortfall."""
-    v = log.view
     if log.failed_requests:
-        first = min(log.failed_requests)
-        return next(i for i, k in enumerate(v.keys) if k == first)
-    if "Successful requests" not in log.text:
-        return None
+        return min(log.failed_requests)
     asked: int | None = None
-    for i, line in enumerate(v.lines):
+    ignored = False  # this run's dataset ignores --num-prompts (its flags may span several lines)
+    for i, line in enumerate(log.view.lines):
+        # each line's own text: report lines differ only in their digits (one form for all runs)
         if "uccessful requests" in line:
-            m = _SUCCESSFUL.match(v.body(i))
+            m = _SUCCESSFUL.match(strip_prefixes(line)[0])
             if m and asked is not None and int(m.group(1)) < asked:
                 return i
-            asked = None  # the next run states its own
+            asked, ignored = None, False  # the next run states its own
             continue
+        if "generated-shared-prefix" in line:
+            asked, ignored = None, True
         if "prompts" in line:
-            m = _ASKED.search(v.body(i))
-            if m:
-                asked = None if m.group(1) and _IGNORES_NUM_PROMPTS.search(line) else \
-                    int(next(g for g in m.groups() if g is not None))
+            found = _ASKED.findall(strip_prefixes(line)[0])
+            if found:  # argparse keeps the last of a repeated flag
+                flag, ns, total = found[-1]
+                if total or not ignored:
+                    asked = int(total or flag or ns)
     return None
 
 
@@ -604,11 +607,11 @@ def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
     if past_all:
         start = max([i] + [j for j, s in enumerate(v.severity) if s == FATAL and not _HARNESS.match(v.body(j))])
     failed = log.failed_requests
-    served = ("first_request",) if v.severity[start] == FATAL or keys[start] in failed else ("first_request", "result")
+    served = ("first_request",) if v.severity[start] == FATAL or start in failed else ("first_request", "result")
     for j in range(start + 1, len(keys)):
         if log.form_stage[keys[j]] in served:
             return True
-        if keys[j] in failed:
+        if j in failed:
             served = ("first_request",)
         if v.severity[j] == FATAL and not _HARNESS.match(v.body(j)):
             return False

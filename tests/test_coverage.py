@@ -343,3 +343,20 @@ def test_eagle3_close_behind_is_launched_with_the_allreduce_plain_decoding_won_w
     assert val is not None and val > max(records.value_of(recs[t]), records.value_of(recs[o]))
     home = _bench_far(tmp_path / "campaign")
     assert not [t for t in home.study.get_trials(deepcopy=False) if t.user_attrs.get(A_EQUAL_FOOTING)]
+
+
+def test_an_equal_footing_knob_brings_the_knobs_its_level_turns_on():
+    """The other best's ``allreduce=custom`` comes with the ``custom_size`` it set (a knob only
+    that level turns on), and a knob conditional on a shared knob is shared too."""
+    space = parse_space({"speculative": {"type": "categorical", "choices": ["none", "eagle3"]},
+                         "allreduce": {"type": "categorical", "choices": ["nccl", "custom"]},
+                         "custom_size": {"type": "categorical", "choices": [1, 2], "when": {"allreduce": "custom"}},
+                         "steps": {"type": "int", "low": 1, "high": 2, "when": {"speculative": "eagle3"}}})
+    plain = records.TrialRecord(0, "COMPLETE", {"speculative": "none", "allreduce": "custom", "custom_size": 2}, "ok",
+                                {"decode_tok_s": 100.0})
+    eagle = records.TrialRecord(1, "COMPLETE", {"speculative": "eagle3", "allreduce": "nccl", "steps": 1}, "ok",
+                                {"decode_tok_s": 95.0})
+    got = [space.normalize(c) for c, t, _ in Coverage(ApproachesConfig(knob="speculative"), space).crosses([plain, eagle])
+           if t == 1]
+    assert {"speculative": "eagle3", "allreduce": "custom", "custom_size": 2, "steps": 1} in got
+    assert all("steps" in c for c in got)  # EAGLE-3's own knob stays with it

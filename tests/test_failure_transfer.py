@@ -1323,3 +1323,45 @@ def test_the_shm_wait_notice_alone_is_still_the_engines_hang_detector():  # a gu
     log = ("WARNING 07-04 17:35:10 [shm_broadcast.py:456] No available shared memory broadcast block found in 60 second.\n"
            "ERROR 07-04 17:36:16 [core.py:1] TimeoutError: RPC call to execute_model timed out.\n")
     assert classify(log).failure_class == "engine_hang_detected"
+
+
+_RUN = ("python3 -m sglang.bench_serving --backend sglang --dataset-name {ds} --num-prompts {asked}\n"
+        "============ Serving Benchmark Result ============\n"
+        "Successful requests:                     {ok}      \n"
+        "Failed requests:                         {failed}      \n"
+        "Output token throughput (tok/s):         1915.40   \n")
+_UP = "[2025-06-18 11:02:45] The server is fired up and ready to roll!\n"
+
+
+def test_each_report_of_a_log_is_read_with_its_own_numbers():
+    # report lines differ only in their digits: the second run's numbers are its own
+    short = _UP + _RUN.format(ds="random", asked=5000, ok=5000, failed=0) + _RUN.format(ds="random", asked=5000, ok=4000,
+                                                                                        failed=0)
+    c = classify(short)
+    assert c.failure_class == "unknown" and "4000" in c.line, c
+    failed = _UP + _RUN.format(ds="random", asked=200, ok=200, failed=0) + _RUN.format(ds="random", asked=200, ok=197,
+                                                                                       failed=3)
+    c = classify(failed)
+    assert c.failure_class == "unknown" and c.line.split()[-1] == "3", c
+
+
+def test_runs_that_each_got_what_they_asked_for_stay_healthy():  # a guard of the rule above
+    log = _UP + _RUN.format(ds="random", asked=1000, ok=1000, failed=0) + _RUN.format(ds="sharegpt", asked=5000, ok=5000,
+                                                                                      failed=0)
+    assert classify(log).failure_class == "healthy"
+    # argparse keeps the last of a repeated flag
+    assert classify(_UP + _RUN.format(ds="random --num-prompts 1000", asked=200, ok=200, failed=0)).failure_class == "healthy"
+    # the generated-shared-prefix dataset ignores --num-prompts, its flags on continued lines
+    gsp = _UP + ("python3 -m sglang.bench_serving --backend sglang \\\n  --dataset-name generated-shared-prefix \\\n"
+                 "  --num-prompts 3000\n") + _RUN.format(ds="x", asked=0, ok=2048, failed=0).split("\n", 1)[1]
+    assert classify(gsp).failure_class == "healthy"
+    assert classify(_UP + _RUN.format(ds="random", asked=10, ok=10, failed=0) +
+                    "retried failed requests: 2 (all succeeded)\n").failure_class == "healthy"
+
+
+def test_a_short_report_in_the_middle_of_a_long_log_is_found():
+    prompts = "".join(f"INFO 01-01 00:00:00 [logger.py:39] Received request cmpl-{i}: prompt: 'q{i} {i * 7}'\n"
+                      for i in range(6000))
+    log = _UP + prompts + _RUN.format(ds="random", asked=3000, ok=1648, failed=0) + prompts.replace("cmpl-", "cmpl-b")
+    c = classify(log)
+    assert c.failure_class == "unknown" and "1648" in c.line, c

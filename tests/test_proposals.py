@@ -236,3 +236,11 @@ def test_a_change_a_constraint_forces_counts_with_the_change_that_forced_it():
     picks = {records.config_key(d) for s in range(20)
              if (d := UntriedDraw(space, seed=s).draw(taken, lambda c: True, near=here)) is not None}
     assert records.config_key({"steps": 1, "topk": 1, "tokens": 2}) in picks
+
+
+def test_from_an_infeasible_anchor_no_pair_of_changes_counts_as_one():  # a guard of the rule above
+    space = parse_space({"steps": {"type": "int", "low": 1, "high": 3}, "topk": {"type": "categorical", "choices": [1, 2]},
+                         "tokens": {"type": "int", "low": 2, "high": 4}},
+                        [{"name": "fit", "expr": "tokens <= topk * steps + 1"}])
+    bad = {"steps": 1, "topk": 1, "tokens": 4}  # a redirect's fallback anchor may be the refused proposal
+    assert UntriedDraw(space, seed=0).move_distance({"steps": 2, "topk": 2, "tokens": 4}, bad) == 2

@@ -127,18 +127,20 @@ class Coverage:
 
     def crosses(self, records: Iterable[trial_records.TrialRecord]) -> list[tuple[dict[str, Any], int, int]]:
         """Equal-footing comparisons of the approaches still in the race, as ``(config, its
-        approach's best trial, the trial whose shared knobs it takes)``.
+        approach's best trial, the trial whose shared knob it takes)``.
 
         An approach is in the race when its best (:meth:`bests`) lies within ``compare_within``
-        of the leading best. For each ordered pair of such approaches, the config is the first
-        one's best with the *shared* knobs (the space's params without a ``when``, other than the
-        approach knob) of the second one's best: a comparison of two approaches each measured
-        at different settings of the knobs they share says little about the approaches, and
-        the effect of the shared knobs is often not the same under both (a faster allreduce
-        shortens a speculative verify pass more than a plain decode step). Ordered by the first
-        approach's best, the leader first. Configs are not checked for feasibility or for being
-        taken (the caller does). [] when ``compare_within`` is null or fewer than two
-        approaches have a best.
+        of the leading best. For each ordered pair of such approaches and each *shared* knob
+        (a param that does not depend on the approach knob, through its ``when`` or its parents')
+        where their bests differ, the config is the first one's best with that knob set as in the
+        second one's best, together with the knobs that level turns on (their values from the
+        second one's best too): a comparison of two approaches each measured at different
+        settings of the knobs they share says little about the approaches, and a knob's effect is
+        often not the same under both (a faster allreduce shortens a speculative verify pass
+        more than a plain decode step). Ordered by the first approach's best, the leader first,
+        then the space's knob order. The configs are unchecked for feasibility and for being
+        taken (the caller normalises them: a knob the change turns off is dropped there).
+        [] when ``compare_within`` is null or fewer than two approaches have a best.
         """
         if self.compare_within is None:
             return []
@@ -151,10 +153,16 @@ class Coverage:
         lead = min((best for best, _ in b.values()), key=obj.sort_key)
 
         def gap(best: float) -> float:
-            return ((lead - best) if obj.maximize else (best - lead)) / abs(lead) if lead else 0.0
+            if not lead:  # a best of exactly 0 leads: only another 0 is level with it
+                return 0.0 if best == lead else math.inf
+            return ((lead - best) if obj.maximize else (best - lead)) / abs(lead)
         race = sorted(((best, t) for best, t in b.values() if gap(best) <= self.compare_within),
                       key=lambda bt: obj.sort_key(bt[0]))
-        shared = [p.name for p in self.space.params if not p.when and p.name != self.knob]
+        under: set[str] = {self.knob}  # the approach knob and every param that depends on it
+        for p in self.space.params:
+            if p.when and under & set(p.when):
+                under.add(p.name)
+        shared = [p.name for p in self.space.params if p.name not in under]
         out: list[tuple[dict[str, Any], int, int]] = []
         for _, t in race:
             for _, o in race:
@@ -162,8 +170,13 @@ class Coverage:
                     continue
                 mine, theirs = by_number[t].params, by_number[o].params
                 for k in shared:
-                    if k in theirs and theirs[k] != mine.get(k):
-                        out.append(({**mine, k: theirs[k]}, t, o))
+                    if k not in theirs or theirs[k] == mine.get(k):
+                        continue
+                    cfg = {**mine, k: theirs[k]}
+                    for p in self.space.params:  # what the new level turns on, as the other set it
+                        if p.name not in cfg and p.name in theirs and p.active(cfg):
+                            cfg[p.name] = theirs[p.name]
+                    out.append((cfg, t, o))
         return out
 
     def counts(self, records: Iterable[trial_records.TrialRecord], running: Iterable[Mapping[str, Any]]) -> dict[Any, int]:

@@ -110,7 +110,7 @@ class UntriedDraw:
         step alone breaks ``num_draft_tokens <= topk x num_steps + 1``; one step with the draft
         tokens it allows is one move, not two.)"""
         d = distance(cand, near)
-        if d != 2:
+        if d != 2 or self.space.violated(near):  # from an infeasible anchor every change "repairs"
             return d
         moved = [k for k in cand if near.get(k) != cand[k]]
         if len(moved) != 2 or any(k not in near for k in moved):
