@@ -61,7 +61,7 @@ for big in sys.argv[2:]:
     runs = []
     for _ in range(3):
         t0, c0 = time.perf_counter(), time.process_time()
-        classify(text, 1, None)
+        classify(text, None if "healthy" in big else 1, None)
         runs.append((time.perf_counter() - t0, time.process_time() - c0))
     times[big] = runs
 print(json.dumps({"results": out, "times": times}))
@@ -207,15 +207,32 @@ def build_sglang_distinct_log(path: Path, size: int = TEN_MB) -> Path:
         f"#queue-req: {i % 7}, rid='{rng.getrandbits(64):016x}'\n"))
 
 
+def build_healthy_distinct_log(path: Path, size: int = TEN_MB) -> Path:
+    """The distinct-lines log of :func:`build_distinct_log` from a server that stayed healthy:
+    ready, then each request's prompt logged, then a benchmark report with every request
+    answered. Timed as a log alone (no exit code: ``python -m tasks.failures LOG``), where the
+    classifier must read all of it to find nothing failed (a log nobody would post, but one a
+    user runs the tool on to check)."""
+    build_distinct_log(path, size)
+    head = "(APIServer pid=1) INFO:     Application startup complete.\n"
+    report = ("============ Serving Benchmark Result ============\nSuccessful requests:                     1000\n"
+              "Failed requests:                         0\nOutput token throughput (tok/s):         1915.40\n")
+    body = path.read_text()
+    tail = (REPO / "tests" / "data" / "vllm_logs" / "cpu_engine_core_sigkill_mid_stream.log").read_text()
+    path.write_text(head + body[:len(body) - len(tail)] + report)
+    return path
+
+
 def time_big(path: Path) -> list[tuple[float, float]]:
-    """(wall s, CPU s of this process) of 3 classifications of the log at ``path`` (this tree's classifier)."""
+    """(wall s, CPU s of this process) of 3 classifications of the log at ``path`` (this tree's
+    classifier), with exit code 1, or none for a log named ``*healthy*`` (a log alone)."""
     from tasks.failures import classify
 
     text = path.read_text()
     out = []
     for _ in range(3):
         t0, c0 = time.perf_counter(), time.process_time()
-        classify(text, 1, None)
+        classify(text, None if "healthy" in path.name else 1, None)
         out.append((time.perf_counter() - t0, time.process_time() - c0))
     return out
 
@@ -248,6 +265,10 @@ def _md(report: dict) -> str:
     if report.get("classify_10mb_distinct_s") is not None:
         lines += [f"10 MB log of distinct lines (each request's prompt logged): {report['classify_10mb_distinct_s']:.3f} s "
                   f"wall, {report['classify_10mb_distinct_cpu_s']:.3f} s CPU."]
+    if report.get("classify_10mb_healthy_distinct_s") is not None:
+        lines += [f"10 MB healthy log of distinct lines, a log alone (no exit code): "
+                  f"{report['classify_10mb_healthy_distinct_s']:.3f} s wall, "
+                  f"{report['classify_10mb_healthy_distinct_cpu_s']:.3f} s CPU."]
     if report.get("classify_10mb_sglang_distinct_s") is not None:
         lines += [f"10 MB SGLang log of distinct decode-batch lines (each request's id logged): "
                   f"{report['classify_10mb_sglang_distinct_s']:.3f} s wall, "
@@ -282,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     bigs = [] if a.no_timing else [build_big_log(tmp / f"failure_corpus_10mb_{os.getpid()}.log"),
                                    build_distinct_log(tmp / f"failure_corpus_10mb_distinct_{os.getpid()}.log"),
-                                   build_sglang_distinct_log(tmp / f"failure_corpus_10mb_sglang_{os.getpid()}.log")]
+                                   build_sglang_distinct_log(tmp / f"failure_corpus_10mb_sglang_{os.getpid()}.log"),
+                                   build_healthy_distinct_log(tmp / f"failure_corpus_10mb_healthy_{os.getpid()}.log")]
     try:
         got, times = classify_entries(entries, a.code_root, bigs)
     finally:
@@ -302,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         "classify_10mb_distinct_cpu_s": round(med[1][1], 4) if med else None,
         "classify_10mb_sglang_distinct_s": round(med[2][0], 4) if med else None,
         "classify_10mb_sglang_distinct_cpu_s": round(med[2][1], 4) if med else None,
+        "classify_10mb_healthy_distinct_s": round(med[3][0], 4) if med else None,
+        "classify_10mb_healthy_distinct_cpu_s": round(med[3][1], 4) if med else None,
         "goals": GOALS, "invalid_entries": len(invalid),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "loadavg_1m": round(os.getloadavg()[0], 2)},
@@ -314,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {c['expected']} -> {c['predicted']}: {c['count']}" + (f"  {c['ids']}" if c.get("ids") else ""))
     if med:
         print(f"10 MB log: {med[0][0]:.3f} s wall, {med[0][1]:.3f} s CPU; distinct lines: {med[1][0]:.3f} s wall, "
-              f"{med[1][1]:.3f} s CPU; SGLang distinct decode lines: {med[2][0]:.3f} s wall, {med[2][1]:.3f} s CPU "
-              "(median of 3)")
+              f"{med[1][1]:.3f} s CPU; SGLang distinct decode lines: {med[2][0]:.3f} s wall, {med[2][1]:.3f} s CPU; "
+              f"healthy distinct lines, a log alone: {med[3][0]:.3f} s wall, {med[3][1]:.3f} s CPU (median of 3)")
     if not a.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         stem = "failure_corpus" + (f"_{a.tag}" if a.tag else "")

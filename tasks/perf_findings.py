@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 from tasks.failure_signatures import MAX_LINE_CHARS, TABLES, normalize_line
@@ -45,8 +45,21 @@ _TRIAL_TPUT = re.compile(r"\bthis trial\b.*?Output token throughput \(tok/s\):\s
 _DEGRADED_WORDS = ("isabl", "ISABL", "not supported", "not available", "unavailable", "back")
 
 
-def _maybe_degraded(text: str) -> bool:
-    return any(w in text for w in _DEGRADED_WORDS)
+_DEGRADED_GATE = re.compile("|".join(re.escape(w) for w in _DEGRADED_WORDS))
+
+
+def _gated_lines(text: str) -> Iterator[str]:
+    """Each line of ``text`` holding one of :data:`_DEGRADED_WORDS`, once, in order: found by one
+    regex scan of the whole text (a 10 MB log of 100k lines: ~10 ms, against ~0.3 s for a
+    per-line gate in Python)."""
+    end = -1
+    for m in _DEGRADED_GATE.finditer(text):
+        if m.start() <= end:
+            continue  # another gate word on a line already given
+        start = text.rfind("\n", 0, m.start()) + 1
+        end = text.find("\n", m.end())
+        end = len(text) if end < 0 else end
+        yield text[start:end]
 _SPEEDUP = re.compile(r"\bspeedup(?: vs\.? baseline)?\s*[:=]\s*" + _NUM)
 
 
@@ -114,9 +127,8 @@ def detect_perf_findings(log_text: str) -> list[PerfFinding]:
     """
     out: list[PerfFinding] = []
     seen: set[str] = set()
-    for raw in log_text.splitlines() if _maybe_degraded(log_text) else ():
-        if not _maybe_degraded(raw):  # a cheap gate: every degraded_paths regex needs one of these words
-            continue
+    for raw in _gated_lines(log_text):  # a cheap gate: every degraded_paths regex needs one of these words
+        raw = raw.rstrip("\r")
         line = raw[:MAX_LINE_CHARS]
         for path, pat in TABLES.degraded_paths:
             if path not in seen and pat.search(line):
@@ -159,16 +171,18 @@ def detect_perf_tags(log_text: str, expected_paths: Mapping[str, object] | None 
 #: an engine's own record of the all-reduce paths it was asked to use: SGLang's ``server_args=ServerArgs(...)``
 #: and vLLM's engine config line both print these arguments
 _REQUESTED = {
-    "custom_allreduce": re.compile(r"\bdisable_custom_all_reduce=False\b"),
-    "torch_symm_mem": re.compile(r"\benable_torch_symm_mem=True\b"),
-    "flashinfer_fusion": re.compile(r"\benable_flashinfer_allreduce_fusion=True\b"),
+    "custom_allreduce": "disable_custom_all_reduce=False",
+    "torch_symm_mem": "enable_torch_symm_mem=True",
+    "flashinfer_fusion": "enable_flashinfer_allreduce_fusion=True",
 }
+_REQUESTED_RE = {path: re.compile(rf"\b{re.escape(arg)}\b") for path, arg in _REQUESTED.items()}
 
 
 def requested_paths(text: str) -> set[str]:
     """The all-reduce paths a log's own argument dump shows were asked for (``custom_allreduce``,
     ``torch_symm_mem``, ``flashinfer_fusion``); empty when the log prints no arguments."""
-    return {path for path, pat in _REQUESTED.items() if pat.search(text)}
+    # the literal first: Python's re scans a 10 MB text for a pattern opening with \b ~50x slower
+    return {path for path, arg in _REQUESTED.items() if arg in text and _REQUESTED_RE[path].search(text)}
 
 
 def first_perf_line(text: str, tag: str, paths: Collection[str] | None = None) -> str | None:
