@@ -35,6 +35,9 @@ corpus (``tasks/failure_corpus``) with their threads; ``--tsv`` prints
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -946,9 +949,56 @@ def _exit_code_arg(s: str) -> int | None:
                                          "or 'none' for a server still running") from None
 
 
+#: the files whose bytes version the cache of corpus decisive lines (:func:`_cache_path`)
+_CODE = ("failures.py", "failure_events.py", "failure_signatures.py", "failure_signatures.yaml", "perf_findings.py")
+_line_cache: dict[str, str] | None = None
+_line_cache_dirty = False
+
+
+def _cache_path() -> Path:
+    """Where the tool keeps the corpus entries' decisive lines between runs: one file per version
+    of the classifier's code and tables (a changed rule reads every entry again), under
+    ``$SERVESWEEP_CACHE_DIR``, else ``$XDG_CACHE_HOME/servesweep`` or ``~/.cache/servesweep``."""
+    h = hashlib.sha256()
+    for name in _CODE:
+        h.update((Path(__file__).parent / name).read_bytes())
+    root = os.environ.get("SERVESWEEP_CACHE_DIR") or \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "servesweep"
+    return Path(root) / f"corpus_lines-{h.hexdigest()[:16]}.json"
+
+
 def _corpus_line(entry) -> str:
-    """A corpus entry's decisive line, as the tool reads it (its log and exit code, no phase)."""
-    return classify(entry.log, entry.exit_code, None).line
+    """A corpus entry's decisive line, as the tool reads it (its log and exit code, no phase),
+    from the cache of earlier runs of this classifier when it has it (classifying the 757
+    entries takes ~1.5 s of each call of the tool otherwise)."""
+    global _line_cache, _line_cache_dirty
+    if _line_cache is None:
+        try:
+            _line_cache = json.loads(_cache_path().read_text())
+        except (OSError, ValueError):
+            _line_cache = {}
+    key = hashlib.sha256(f"{entry.exit_code}\n{entry.log}".encode()).hexdigest()[:24]
+    line = _line_cache.get(key) if isinstance(_line_cache, dict) else None
+    if not isinstance(line, str):
+        line = classify(entry.log, entry.exit_code, None).line
+        _line_cache[key] = line
+        _line_cache_dirty = True
+    return line
+
+
+def _save_line_cache() -> None:
+    """Write the decisive lines read this run (atomically; a cache that cannot be written is
+    only slower next time)."""
+    if not _line_cache_dirty or _line_cache is None:
+        return
+    try:
+        path = _cache_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(_line_cache))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _parts_arg(s: str) -> tuple[str, ...]:
@@ -1050,6 +1100,7 @@ def main(argv: Iterable[str] | None = None) -> int:
 
             near = nearest(c.line, c.failure_class, a.nearest, a.corpus_parts, decisive=_corpus_line)
         print(_report(path, c, near) + (f"\n  ({strip_control(label)})" if label else ""))
+    _save_line_cache()
     return rc
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,11 @@ def compose_cfg(overrides: list[str] | None = None):
             return compose("config", overrides=overrides or [])
     finally:
         GlobalHydra.instance().clear()
+
+
+# the classifier tool's cache of corpus decisive lines (tasks.failures._cache_path): one per test
+# session, never the user's own (subprocesses of the tool inherit it)
+os.environ.setdefault("SERVESWEEP_CACHE_DIR", tempfile.mkdtemp(prefix="servesweep-test-cache-"))
 
 
 @pytest.fixture

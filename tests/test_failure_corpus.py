@@ -3,6 +3,8 @@ logs, the CLI's report, the knowledge citations and the 10 MB speed goal."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -325,3 +327,35 @@ def test_trigger_lines_finds_every_line_with_a_trigger_word_in_any_case():
     lines = [b"INFO all good", b"RuntimeError: boom", b"chatter", b"NCCL WARN oops", b"x" * 50, b"Out Of Memory: Killed"]
     assert trigger_lines(lines) == {1, 3, 5}
     assert trigger_lines([]) == set() and trigger_lines([b"error"]) == {0}
+
+
+def test_the_tool_reads_the_corpus_once_per_classifier_version(tmp_path, monkeypatch):
+    """The corpus entries' decisive lines are kept between runs of the tool, in a file named by
+    the classifier's code and tables; the second run finds the same neighbours from it, and an
+    unreadable cache is only read again."""
+    import tasks.failures as tf
+
+    monkeypatch.setenv("SERVESWEEP_CACHE_DIR", str(tmp_path / "cache"))
+    log = tmp_path / "server.log"
+    log.write_text("RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)\n")
+    argv = [sys.executable, "-m", "tasks.failures", "--exit-code", "1", "--corpus-parts", "dev", str(log)]
+    env = {**os.environ, "SERVESWEEP_CACHE_DIR": str(tmp_path / "cache")}
+    first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False, env=env)
+    cache = tf._cache_path()
+    assert cache.parent == tmp_path / "cache" and cache.is_file(), list((tmp_path / "cache").glob("*"))
+    lines = json.loads(cache.read_text())
+    assert len(lines) == len(load_corpus(["dev"]))  # every dev entry's line, keyed by its log
+    second = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert second.stdout == first.stdout and "nearest corpus entries" in first.stdout
+    cache.write_text("{not json")
+    third = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert third.stdout == first.stdout and json.loads(cache.read_text())
+
+
+def test_a_failure_has_no_healthy_neighbours():
+    from tasks.failures import _corpus_line
+
+    line = "Successful requests:                     80"
+    near = nearest(line, "unknown", 5, PARTS, decisive=_corpus_line)
+    assert all(n.expected_class != "healthy" for n in near)
+    assert any(n.expected_class == "healthy" for n in nearest(line, "healthy", 5, PARTS, decisive=_corpus_line))

@@ -125,7 +125,8 @@ def load_entry(path: str | Path, part: str) -> CorpusEntry:
     """
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text())
+        # libyaml's safe loader when the wheel has it: the same documents, ~10x faster on 757 files
+        raw = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError) as e:
         raise CorpusError(f"{p.name}: cannot read ({type(e).__name__})") from None
     if not isinstance(raw, dict):
@@ -227,7 +228,9 @@ def nearest(line: str, failure_class: str | None, k: int, parts: Iterable[str], 
     expected class is ``failure_class`` and that class names a cause (not ``unknown``: two unknowns
     share no cause), capped at 1. An entry whose line shares under :data:`MIN_OVERLAP` of its
     tokens with ``line`` is left out whatever its class: a class alone is no likeness, and an empty
-    list ("none alike") is the honest answer. Entries scoring under 0.15 are left out too.
+    list ("none alike") is the honest answer. Entries scoring under 0.15 are left out too, and so
+    are healthy entries for a failure (a report line that failed requests share with a healthy
+    run's report is no likeness).
 
     Args:
         decisive: an entry's decisive line (``tasks.failures`` passes its classifier's), found
@@ -242,6 +245,8 @@ def nearest(line: str, failure_class: str | None, k: int, parts: Iterable[str], 
         score = len(want & toks) / len(union) if union else 0.0
         if score < MIN_OVERLAP:
             continue
+        if e.expected_class == "healthy" and failure_class not in (None, "healthy"):
+            continue  # a healthy log's line (a milestone, a report) is no likeness to a failure's
         if failure_class not in (None, "unknown") and e.expected_class == failure_class:
             score += 0.25
         if score >= 0.15:
