@@ -341,6 +341,11 @@ def test_eagle3_close_behind_is_launched_with_the_allreduce_plain_decoding_won_w
     assert changed == {"allreduce"} and got["allreduce"] == theirs["allreduce"] == "custom"
     val = records.value_of(recs[first])
     assert val is not None and val > max(records.value_of(recs[t]), records.value_of(recs[o]))
+    # the findings' coverage section names it, with what it measured beside the two it came from
+    lines = coverage_lines(context_from_spec(drv.spec, drv.study_name, drv.fingerprint, None),
+                           [r for r in recs.values() if r.launched])
+    said = [x for x in lines if x.startswith(f"- equal footing: t{first} ran t{t}'s config with allreduce=custom from t{o}: ")]
+    assert said and f"(t{t} " in said[0] and "tok/s" in said[0], lines
     home = _bench_far(tmp_path / "campaign")
     assert not [t for t in home.study.get_trials(deepcopy=False) if t.user_attrs.get(A_EQUAL_FOOTING)]
 

@@ -56,9 +56,8 @@ from sweeps.store import records as trial_records
 
 #: user attr of a trial whose approach knob the coverage quota pinned (the level)
 A_APPROACH_QUOTA = "approach_quota"
-#: user attr of an equal-footing comparison (:meth:`Coverage.crosses`): ``[the approach's best
-#: trial, the trial whose shared knobs it takes]``
-A_EQUAL_FOOTING = "equal_footing"
+#: user attr of an equal-footing comparison (:meth:`Coverage.crosses`)
+A_EQUAL_FOOTING = trial_records.A_EQUAL_FOOTING
 
 
 class Coverage:
@@ -299,6 +298,30 @@ def quota_lines(config: Mapping[str, Any] | ApproachesConfig, space: SearchSpace
                 f"left no longer exceed what is owed. Resume the sweep (or raise that limit) to pay them."]
     return [f"- quota owed: {what} launches by the end of the {budget}-launch trial budget ({n} launched; "
             f"the sampler chooses freely while the launches left exceed what is owed)"]
+
+
+def equal_footing_lines(records: Sequence[trial_records.TrialRecord], objective: Objective | None = None) -> list[str]:
+    """The findings' lines on each equal-footing comparison that ran: ``- equal footing: t7 ran
+    t1's config with allreduce=custom from t2: 115.1 tok/s (t1 100.3 tok/s, t2 94.2 tok/s)``, or
+    with its failure class; [] when none ran."""
+    from sweeps.config.objective import metric_text
+
+    obj = objective or Objective()
+    by_number = {r.number: r for r in records}
+    out = []
+    for r in records:
+        pair = r.equal_footing
+        if not pair or len(pair) != 2 or not r.launched or any(n not in by_number for n in pair):
+            continue
+        t, o = (by_number[n] for n in pair)
+        moved = ", ".join(f"{k}={v}" for k, v in r.params.items() if t.params.get(k) != v)
+
+        def val(x: trial_records.TrialRecord) -> str:
+            v = trial_records.value_of(x, obj)
+            return metric_text(obj.name, v) if v is not None else f"{x.status} ({x.failure_class or '?'})"
+        out.append(f"- equal footing: t{r.number} ran t{t.number}'s config with {moved} from t{o.number}: {val(r)} "
+                   f"(t{t.number} {val(t)}, t{o.number} {val(o)})")
+    return out
 
 
 def pin(study: optuna.Study, knob: str, level: Any) -> None:

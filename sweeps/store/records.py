@@ -50,6 +50,9 @@ A_REQUEUED = "requeued"
 #: the trial's probe launch, when it had one (sweeps.search.probes): result, failure_class, signature,
 #: gpu_s, startup_s (s), reason, dead_end, attempts
 A_PROBE = "probe"
+#: user attr of an equal-footing comparison (sweeps.search.coverage.Coverage.crosses): ``[the
+#: approach's best trial, the trial whose shared knob it takes]``
+A_EQUAL_FOOTING = "equal_footing"
 
 
 def config_key(params: dict[str, Any]) -> str:
@@ -85,6 +88,8 @@ class TrialRecord(Outcome):
         is_baseline: the trial measured the sweep's baseline config.
         datetime_start, datetime_complete: Optuna's timestamps (``datetime``), or None.
         probe: the trial's probe launch (``A_PROBE``), or None when it was launched in full only.
+        equal_footing: ``[the approach's best trial, the trial whose shared knob it took]`` of
+            an equal-footing comparison (``A_EQUAL_FOOTING``: sweeps.search.coverage), else None.
 
     ``TrialRecord(number, state, params, status, metrics, **fields)`` takes its first five
     positionally; the other fields by name. Unstated timings are not measured.
@@ -98,6 +103,7 @@ class TrialRecord(Outcome):
     datetime_start: Any = None
     datetime_complete: Any = None
     probe: dict[str, Any] | None = None
+    equal_footing: list[int] | None = None
 
     def __init__(self, number: int, state: str, params: dict[str, Any], status: Status | str,
                  metrics: dict[str, float] | None = None, **fields: Any) -> None:
@@ -165,7 +171,8 @@ def record_from_trial(t: FrozenTrial) -> TrialRecord:
     return TrialRecord.model_validate({
         **Outcome.facts(u), "number": t.number, "state": t.state.name, "params": dict(t.params),
         "is_baseline": bool(u.get(A_BASELINE, False)), "datetime_start": t.datetime_start,
-        "datetime_complete": t.datetime_complete, "probe": t.user_attrs.get(A_PROBE)})
+        "datetime_complete": t.datetime_complete, "probe": t.user_attrs.get(A_PROBE),
+        "equal_footing": t.user_attrs.get(A_EQUAL_FOOTING)})
 
 
 def outcome_attrs(t: FrozenTrial) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 from sweeps.config.spec import ApproachesConfig
 from sweeps.publish.findings.context import Context
 from sweeps.publish.findings.groups import Group, outcome
-from sweeps.search.coverage import Coverage, quota_lines, release_lines
+from sweeps.search.coverage import Coverage, equal_footing_lines, quota_lines, release_lines
 from sweeps.search.untried import knowledge_filter
 from sweeps.store import records as trial_records
 
@@ -188,7 +188,8 @@ def coverage_lines(ctx: Context, launched: Sequence[trial_records.TrialRecord]) 
 
     Returns ``- approaches (`speculative`, min share 30 % of the 30-launch trial budget, owed by
     its end): none 21 (70 %), eagle3 9 (30 %)``, then the quota still owed or not paid
-    (:func:`sweeps.search.coverage.quota_lines`) and the evidence of a released quota, and one
+    (:func:`sweeps.search.coverage.quota_lines`), the evidence of a released quota, each
+    equal-footing comparison that ran (:func:`sweeps.search.coverage.equal_footing_lines`), and one
     ``- `knob`: level n (share), ...`` line per knob (levels in the space's order; a conditional
     knob's shares are of the launches that set it)."""
     lines: list[str] = []
@@ -219,7 +220,8 @@ def coverage_lines(ctx: Context, launched: Sequence[trial_records.TrialRecord]) 
             note = f"; below the share: {', '.join(short)}" if short else ""
             lines.insert(0, f"- approaches (`{p.name}`, min share {100 * share:.0f} %{of}): {cells}{note}")
             lines[1:1] = [*quota_lines(ap, ctx.space, launched, budget, ctx.stop_reason, ctx.objective),
-                          *release_lines(ap, ctx.space, launched, ctx.objective)]
+                          *release_lines(ap, ctx.space, launched, ctx.objective),
+                          *equal_footing_lines(launched, ctx.objective)]
         else:
             lines.append(f"- `{p.name}`: {cells}")
     return lines
