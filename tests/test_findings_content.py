@@ -330,6 +330,10 @@ def test_a_winner_the_race_added_is_not_called_a_sweep_measurement():
     head = confirmation_lines({**conf, "top_k": 1, "entries": [*conf["entries"], entry(1, 88.6, 83.3, 93.9)]})[0]
     assert head.startswith("Top 1 configs and the baseline, 1 measured config(s) simpler than the leader, and 1 "
                            "config(s) the race added (see below), re-measured 3× each"), head
+    # no row compared output tokens (no launch returned token ids): the heading does not say it did
+    assert head.endswith("output token ids not compared: no launch returned any."), head
+    both = {**conf, "entries": [*conf["entries"], {**entry(3, 88.0, 87.0, 89.0), "tokens_match": True}]}
+    assert confirmation_lines(both)[0].endswith("greedy output token ids compared with the baseline's for the same prompts.")
 
 
 def test_a_level_skipped_only_for_another_knobs_dead_end_is_still_an_untried_level(tmp_path):

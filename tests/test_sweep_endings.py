@@ -51,6 +51,24 @@ def _study(tmp_path: Path) -> optuna.Study:
     return optuna.load_study(study_name="smoke", storage=f"sqlite:///{tmp_path / 'store' / 'optuna.db'}")
 
 
+def test_a_finished_study_run_again_says_its_overrides_changed_nothing(tmp_path, capfd):
+    """The same command with an override of the search after the study spent its trial budget
+    reprints the earlier run's summary; a line says nothing new was searched and how to search
+    again (a fresh study, or a higher budget). The first run says nothing of the kind."""
+    drv = partial(InProcessDriver, findings=False)
+    storage = f"sqlite:///{tmp_path / 'store' / 'optuna.db'}"
+
+    def launched() -> int:
+        return sum(r.launched for r in load_records(optuna.load_study(study_name="smoke", storage=storage)))
+    run(compose_cfg(_overrides(tmp_path)), drv)
+    assert "already spent its trial budget" not in capfd.readouterr().err
+    first = launched()
+    run(compose_cfg(_overrides(tmp_path, "sweep.sampler.seed=7")), drv)
+    err = capfd.readouterr().err
+    assert "study 'smoke' had already spent its trial budget (2 launched)" in err and "new_study=true" in err, err
+    assert launched() == first
+
+
 def test_a_budget_stop_tells_the_unlaunched_trials_and_a_resume_runs_them(tmp_path):
     # the baseline and one seed per allreduce level are enqueued; a budget of 1 launches the baseline only
     execute(InProcessDriver(load_spec(compose_cfg(_overrides(tmp_path, "sweep.budget.trials=1")))))

@@ -87,6 +87,8 @@ class SweepLoop:
         self.interrupted = False
         self.t_start = time.monotonic()
         self.launched = 0
+        #: the study's launches when this run started (a resumed study's earlier runs)
+        self.launched_before = 0
         self.consecutive_skips = 0
         self.asks = 0
         self.recent_bad: list[bool] = []
@@ -229,6 +231,7 @@ class SweepLoop:
         # nor do re-question probes (README: probes count in the GPU-hours, not in the trial budget)
         self.launched = sum(1 for r in records.load_records(study)
                             if r.budgeted and r.state != "RUNNING" and r.status != "interrupted")
+        self.launched_before = self.launched
         study_store.enqueue_seeds(study, self.spec, self.space, self.searcher.known_dead_end)
         self.searcher.prepare()
 

@@ -70,10 +70,12 @@ def confirmation_lines(conf: Mapping[str, Any], obj: Objective | None = None) ->
         - sum(1 for e in entries if e.get("derived_from") is not None))
     simpler = f", {n_simpler} measured config(s) simpler than the leader" if n_simpler else ""
     added = f", and {n_derived} config(s) the race added (see below)," if n_derived else (", " if simpler else "")
+    compared = any(e.get("tokens_match") is not None for e in entries if not e.get("is_baseline"))
+    tokens = ("greedy output token ids compared with the baseline's for the same prompts." if compared else
+              "output token ids not compared: no launch returned any.")
     out = [f"Top {conf.get('top_k')} configs and the baseline{simpler}{added} re-measured {conf.get('repeats')}× each "
            f"(fresh launches; the sweep's own measurement is not reused, so a lucky draw cannot win); "
-           f"mean {measure.wording(obj)} with {lv * 100:.0f} % t-intervals; greedy output token ids compared with the "
-           f"baseline's for the same prompts.", "",
+           f"mean {measure.wording(obj)} with {lv * 100:.0f} % t-intervals; {tokens}", "",
            f"| trial | config | runs | mean {measure.column(obj)} | 95 % CI | speedup (95 % CI) | tokens | verdict |",
            "|---|---|---|---|---|---|---|---|"]
     for e in conf.get("entries", []):
