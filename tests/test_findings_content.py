@@ -412,3 +412,13 @@ def test_a_level_skipped_for_a_degraded_allreduce_says_so_in_words(tmp_path):
     text, _ = render_section(ctx(tmp_path, space=spec.space), recs)
     still = text.split("### Still untried")[1].split("\n### ")[0]
     assert "allreduce=custom fell back to NCCL in t1 (silently degraded)" in still and "@t1" not in still, still
+
+
+def test_a_group_whose_proposals_hit_another_knobs_dead_end_says_so():
+    from sweeps.publish.findings.groups import Group, outcome
+
+    g = Group(("flashinfer_fusion", "eagle3"))
+    g.add(records.TrialRecord(5, "PRUNED", {"allreduce": "flashinfer_fusion", "speculative": "eagle3",
+                                            "moe_a2a_backend": "flashinfer"}, "skipped",
+                              failure_class="moe_ep_a2a_config_error"))
+    assert outcome(g, 82.0) == "not launched: its proposals hit known dead ends: moe_ep_a2a_config_error (1)"

@@ -146,7 +146,10 @@ def outcome(g: Group, base: float | None, obj: Objective | None = None) -> str:
         return "no result: " + ", ".join(f"{k} ({v})" for k, v in c.most_common()) + " (infrastructure, not the config)"
     skip_classes = Counter(r.failure_class for r in g.skipped if r.failure_class)
     if skip_classes:
-        return "skipped by known dead end: " + ", ".join(f"{k} ({v})" for k, v in skip_classes.most_common())
+        # the proposals' dead ends, which may lie in a knob outside the group's (an EAGLE-3 config
+        # with the FlashInfer all-to-all), not the combination the row names
+        return "not launched: its proposals hit known dead ends: " + \
+            ", ".join(f"{k} ({v})" for k, v in skip_classes.most_common())
     if g.running:
         return "running"
     if g.infeasible:
