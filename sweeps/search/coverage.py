@@ -118,11 +118,18 @@ class Coverage:
             for o, (ob, _, ot) in b.items():
                 if o == v or ob is None or not ob:
                     continue
-                gap = (ob - best) / abs(ob) if self.objective.maximize else (best - ob) / abs(ob)
+                gap = self.shortfall(best, ob)
                 if gap > self.release_below and (v not in out or gap > out[v]["gap"]):
                     out[v] = {"best": best, "trial": t, "launches": n, "other": o, "other_best": ob,
                               "other_trial": ot, "gap": gap}
         return out
+
+    def shortfall(self, best: float, other: float) -> float:
+        """How far ``best`` falls short of ``other``, relative to ``other``, in the objective's
+        direction (> 0: worse). An ``other`` of exactly 0: 0 when ``best`` is 0 too, else inf."""
+        if not other:
+            return 0.0 if best == other else math.inf
+        return ((other - best) if self.objective.maximize else (best - other)) / abs(other)
 
     def crosses(self, records: Iterable[trial_records.TrialRecord]) -> list[tuple[dict[str, Any], int, int]]:
         """Equal-footing comparisons of the approaches still in the race, as ``(config, its
@@ -150,12 +157,7 @@ class Coverage:
             return []
         obj = self.objective
         lead = min((best for best, _ in b.values()), key=obj.sort_key)
-
-        def gap(best: float) -> float:
-            if not lead:  # a best of exactly 0 leads: only another 0 is level with it
-                return 0.0 if best == lead else math.inf
-            return ((lead - best) if obj.maximize else (best - lead)) / abs(lead)
-        race = sorted(((best, t) for best, t in b.values() if gap(best) <= self.compare_within),
+        race = sorted(((best, t) for best, t in b.values() if self.shortfall(best, lead) <= self.compare_within),
                       key=lambda bt: obj.sort_key(bt[0]))
         under: set[str] = {self.knob}  # the approach knob and every param that depends on it
         for p in self.space.params:
@@ -300,6 +302,11 @@ def quota_lines(config: Mapping[str, Any] | ApproachesConfig, space: SearchSpace
             f"the sampler chooses freely while the launches left exceed what is owed)"]
 
 
+def changed_knobs(config: Mapping[str, Any], base: Mapping[str, Any]) -> str:
+    """``allreduce=custom, custom_size=2``: the knobs ``config`` sets otherwise than ``base``."""
+    return ", ".join(f"{k}={v}" for k, v in config.items() if base.get(k) != v)
+
+
 def equal_footing_lines(records: Sequence[trial_records.TrialRecord], objective: Objective | None = None) -> list[str]:
     """The findings' lines on each equal-footing comparison that ran: ``- equal footing: t7 ran
     t1's config with allreduce=custom from t2: 115.1 tok/s (t1 100.3 tok/s, t2 94.2 tok/s)``, or
@@ -314,7 +321,7 @@ def equal_footing_lines(records: Sequence[trial_records.TrialRecord], objective:
         if not pair or len(pair) != 2 or not r.launched or any(n not in by_number for n in pair):
             continue
         t, o = (by_number[n] for n in pair)
-        moved = ", ".join(f"{k}={v}" for k, v in r.params.items() if t.params.get(k) != v)
+        moved = changed_knobs(r.params, t.params)
 
         def val(x: trial_records.TrialRecord) -> str:
             v = trial_records.value_of(x, obj)

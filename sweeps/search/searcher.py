@@ -35,7 +35,7 @@ from sweeps.run.best_effort import best_effort
 from sweeps.run.ownership import write_unless_finished
 from sweeps.run.runner import InFlight
 from sweeps.search import gates, load_objective
-from sweeps.search.coverage import A_EQUAL_FOOTING, Coverage, pin, waiting
+from sweeps.search.coverage import A_EQUAL_FOOTING, Coverage, changed_knobs, pin, waiting
 from sweeps.search.probes import A_REQUESTION, ProbePlanner, ProbeStep, enqueue_requestions
 from sweeps.search.queue_order import pop_priority
 from sweeps.search.untried import UntriedDraw, allowed_by_knowledge, redirect, taken_keys
@@ -142,8 +142,7 @@ class Searcher:
             if self.space.violated(cfg) or records.config_key(cfg) in taken or not allowed(cfg):
                 continue
             base = next(r.params for r in recs if r.number == t)
-            moved = ", ".join(f"{k}={v}" for k, v in cfg.items() if base.get(k) != v)
-            log.info("equal footing: trial %d's config with %s from trial %d", t, moved, o)
+            log.info("equal footing: trial %d's config with %s from trial %d", t, changed_knobs(cfg, base), o)
             attrs = {A_EQUAL_FOOTING: [t, o]}
             self.study.enqueue_trial(cfg, user_attrs={**attrs, "enqueue_attrs": attrs})
             return
