@@ -1366,3 +1366,45 @@ def test_a_short_report_in_the_middle_of_a_long_log_is_found():
     log = _UP + prompts + _RUN.format(ds="random", asked=3000, ok=1648, failed=0) + prompts.replace("cmpl-", "cmpl-b")
     c = classify(log)
     assert c.failure_class == "unknown" and "1648" in c.line, c
+
+
+# ------------------------------------------------------------------ test23 read
+_HCCL = ("(EngineCore_DP0 pid=384) ERROR 10-10 17:15:01 [core.py:708] RuntimeError: Worker failed with error "
+         "'create_config:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:148 HCCL function error: "
+         "hcclCommInitRootInfoConfig(numRanks, &rootInfo, rank, config, &(comm->hcclComm_)), error code is {code}\n"
+         "(EngineCore_DP0 pid=384) ERROR 10-10 17:15:01 [core.py:708] [ERROR] 2025-10-10-17:15:01 (PID:1195, Device:0, "
+         "RankID:-1) ERR02200 DIST call hccl api failed.\n"
+         "(EngineCore_DP0 pid=384) ERROR 10-10 17:15:01 [core.py:708] ', please check the stack trace above for the "
+         "root cause\n"
+         "(EngineCore_DP0 pid=384) ERROR 10-10 17:15:12 [multiproc_executor.py:154] Worker proc VllmWorker-4 died "
+         "unexpectedly, shutting down\n")
+
+
+def test_an_hccl_error_is_read_by_its_code_ahead_of_the_worker_death_after_it():
+    # vllm-project/vllm-ascend#3367 as posted (code 1, a parameter: no class), and the same line with
+    # the codes HCCL gives a network failure, a system call and a timeout (hccl HcclResult.md)
+    c = classify(_HCCL.format(code=1))
+    assert c.failure_class == "unknown" and "HCCL function error" in c.line, c
+    assert classify(_HCCL.format(code=12)).failure_class == "nccl_network_error"
+    assert classify(_HCCL.format(code=8)).failure_class == "nccl_init_system_error"
+    assert classify(_HCCL.format(code=9)).failure_class == "collective_hang_or_timeout"
+
+
+def test_a_worker_death_with_no_error_before_it_is_still_a_crash():  # a guard of the rule above
+    log = _HCCL.split("\n")[-2] + "\n"
+    assert classify(log).failure_class == "server_crash"
+
+
+def test_a_readiness_poll_answered_with_no_json_is_a_failed_health_check():
+    # xorbitsai/inference#2126 (SGLang's warm-up thread reading /get_model_info), as posted, trimmed
+    log = ('  File "/x/lib/python3.11/site-packages/sglang/srt/server.py", line 410, in _wait_and_warmup\n'
+           "    model_info = res.json()\n"
+           "                 ^^^^^^^^^^\n"
+           '  File "/x/lib/python3.11/site-packages/requests/models.py", line 978, in json\n'
+           "    raise RequestsJSONDecodeError(e.msg, e.doc, e.pos)\n"
+           "requests.exceptions.JSONDecodeError: Expecting value: line 1 column 1 (char 0)\n")
+    c = classify("Traceback (most recent call last):\n" + log)
+    assert (c.failure_class, c.kind) == ("health_check_failed", "transient"), c
+    # the same decoder error anywhere else is not the server's readiness poll
+    other = log.replace("in _wait_and_warmup", "in load_chat_template").replace("model_info = res.json()", "t = r.json()")
+    assert classify("Traceback (most recent call last):\n" + other).failure_class != "health_check_failed"
