@@ -13,7 +13,7 @@ from sweeps.config.space import parse_space
 from sweeps.config.spec import ApproachesConfig, ConfigError, load_spec
 from sweeps.publish.findings.context import Context, context_from_spec
 from sweeps.publish.findings.untried import coverage_lines, untried_section
-from sweeps.search.coverage import A_APPROACH_QUOTA, Coverage
+from sweeps.search.coverage import A_APPROACH_QUOTA, Coverage, changed_knobs
 from sweeps.store import records
 from tests.conftest import compose_cfg
 
@@ -291,7 +291,8 @@ def test_approaches_in_the_race_are_compared_on_equal_footing():
     """Two approaches whose bests lie within ``compare_within`` (default 10 %) of the leader are
     compared with their shared knobs alike: each one's best takes one differing shared knob of
     the other's best, the leader's approach first; a conditional knob (EAGLE-3's steps) stays
-    with its approach. Further apart, or with ``compare_within`` null, there is nothing to compare."""
+    with its approach. Further apart, only the leader takes the other's shared knobs; with
+    ``compare_within`` null there is nothing to compare."""
     cov = Coverage(ApproachesConfig(knob="speculative"), SPACE)
     plain = _val(0, "none", 90.0, g=64)
     eagle = _val(1, "eagle3", 88.0, steps=2, moe="flashinfer")
@@ -301,12 +302,28 @@ def test_approaches_in_the_race_are_compared_on_equal_footing():
         ({"speculative": "none", "g": 64, "moe": "flashinfer"}, 0, 1),
         ({"speculative": "eagle3", "g": 64, "moe": "flashinfer", "steps": 2}, 1, 0),
         ({"speculative": "eagle3", "g": 8, "moe": "none", "steps": 2}, 1, 0)]
-    # an approach more than 10 % behind is not in the race
-    assert cov.crosses([plain, _val(1, "eagle3", 78.0, steps=2)]) == []
+    # an approach more than 10 % behind is not in the race: only the leader takes its knobs
+    assert cov.crosses([plain, _val(1, "eagle3", 78.0, steps=2, moe="flashinfer")]) == [
+        ({"speculative": "none", "g": 8, "moe": "none"}, 0, 1),
+        ({"speculative": "none", "g": 64, "moe": "flashinfer"}, 0, 1)]
     assert Coverage(ApproachesConfig(knob="speculative", compare_within=None), SPACE).crosses([plain, eagle]) == []
     # one approach alone, or the same shared knobs: nothing to compare
     assert cov.crosses([plain]) == []
     assert cov.crosses([plain, _val(1, "eagle3", 88.0, steps=2, g=64)]) == []
+
+
+def test_the_leader_takes_only_what_a_trailing_approach_chose_otherwise_than_the_baseline():
+    """A knob the far-behind approach's best left at the baseline's setting (8 graphs) is no
+    evidence about the knob: the leader takes only the level that best chose (the MoE backend)."""
+    cov = Coverage(ApproachesConfig(knob="speculative"), SPACE)
+    base = records.TrialRecord(2, "COMPLETE", {"speculative": "none", "g": 8, "moe": "none"}, "ok",
+                               {"decode_tok_s": 70.0}, is_baseline=True)
+    plain = _val(0, "none", 90.0, g=64)
+    eagle = _val(1, "eagle3", 60.0, steps=2, moe="flashinfer")  # g=8, as the baseline
+    assert cov.crosses([plain, eagle, base]) == [({"speculative": "none", "g": 64, "moe": "flashinfer"}, 0, 1)]
+    # in the race, every differing shared knob is compared, the baseline's setting too
+    close = _val(1, "eagle3", 88.0, steps=2, moe="flashinfer")
+    assert ({"speculative": "none", "g": 8, "moe": "none"}, 0, 1) in cov.crosses([plain, close, base])
 
 
 def _bench_far(tmp_path, *extra: str):
@@ -324,8 +341,9 @@ def test_eagle3_close_behind_is_launched_with_the_allreduce_plain_decoding_won_w
     landscape: a fast verify pass, custom all-reduce working at TP=8), the first free ask after
     the seeds launches the leading approach's best with the one shared knob the other's best
     changed: the team's EAGLE-3 seed (NCCL) with the custom all-reduce plain decoding gained
-    with, which measures above both. On the campaign's node (EAGLE-3 ~35 % behind) no launch is
-    an equal-footing one."""
+    with, which measures above both. On the campaign's node (EAGLE-3 ~35 % behind) EAGLE-3 is
+    never put on plain decoding's knobs; plain decoding's best (the baseline) takes the 128 CUDA
+    graphs of the team's EAGLE-3 seed, which is the campaign's hand-found gain."""
     from sweeps.search.coverage import A_EQUAL_FOOTING
 
     drv = _bench_far(tmp_path / "far", "node=bench_far")
@@ -347,7 +365,14 @@ def test_eagle3_close_behind_is_launched_with_the_allreduce_plain_decoding_won_w
     said = [x for x in lines if x.startswith(f"- equal footing: t{first} ran t{t}'s config with allreduce=custom from t{o}: ")]
     assert said and f"(t{t} " in said[0] and "tok/s" in said[0], lines
     home = _bench_far(tmp_path / "campaign")
-    assert not [t for t in home.study.get_trials(deepcopy=False) if t.user_attrs.get(A_EQUAL_FOOTING)]
+    home_recs = {r.number: r for r in records.load_records(home.study)}
+    eq = [(n, t.user_attrs[A_EQUAL_FOOTING]) for n, t in sorted((t.number, t) for t in home.study.get_trials(deepcopy=False))
+          if t.user_attrs.get(A_EQUAL_FOOTING)]
+    assert eq and all(home_recs[n].params["speculative"] == "none" for n, _ in eq), eq
+    first, (t, o) = eq[0]
+    assert home_recs[o].params["speculative"] == "eagle3"
+    assert changed_knobs(home_recs[first].params, home_recs[t].params) == "cuda_graph_max_bs=128"
+    assert records.value_of(home_recs[first]) > records.value_of(home_recs[t])
 
 
 def test_an_equal_footing_knob_brings_the_knobs_its_level_turns_on():

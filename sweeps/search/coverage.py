@@ -30,8 +30,12 @@ and an EAGLE-3 one each measured at different all-reduce paths say little about 
 knob's effect is often not the same under both (a faster all-reduce shortens a verify pass of
 many tokens more than a plain decode step). On the benchmark's ``far`` landscape (EAGLE-3 with
 the custom all-reduce is the optimum, each approach's seed used the other all-reduce) this
-took the median to its best from 6.33 to 4.78 emulated GPU-h over 21 seeds; where EAGLE-3 is
-far behind (the campaign) nothing is compared and nothing changes.
+took the median to its best from 6.33 to 4.78 emulated GPU-h over 21 seeds. The leading
+approach also takes the shared knobs of an approach out of the race (EAGLE-3 far behind on the
+campaign's node: the baseline is launched with the 128 CUDA graphs of the team's EAGLE-3 seed),
+so the knowledge a user's seed encodes reaches the leader; on the ``stale`` landscape (three
+dead ends that work, a faster custom all-reduce) that took the median from 3.76 to 2.10
+emulated GPU-h, 11 seeds.
 
 Opt-in (``release_below``, default off): an approach's quota is *released* once it has at least
 ``release_after`` ok launches and its best measurement lies more than ``release_below`` below
@@ -143,10 +147,19 @@ class Coverage:
         second one's best too): a comparison of two approaches each measured at different
         settings of the knobs they share says little about the approaches, and a knob's effect is
         often not the same under both (a faster allreduce shortens a speculative verify pass
-        more than a plain decode step). Ordered by the first approach's best, the leader first,
-        then the space's knob order. The configs are unchecked for feasibility and for being
-        taken (the caller normalises them: a knob the change turns off is dropped there).
-        [] when ``compare_within`` is null or fewer than two approaches have a best.
+        more than a plain decode step).
+
+        The leader also takes the shared knobs of an approach out of the race: how another
+        approach's best sets a knob they share is evidence about that knob (the team's EAGLE-3
+        config runs 128 CUDA graphs where the baseline runs 512), and a launch near the leader's
+        best is the one most likely to beat it. Only the knobs that best sets otherwise than the
+        baseline (the first ``is_baseline`` record) are evidence: one left at the baseline's
+        setting was never chosen for that approach. An approach out of the race takes nothing: a
+        fair comparison of it is not the question any more. Ordered by the first approach's
+        best, the leader first, then the other approach's best, then the space's knob order. The
+        configs are unchecked for feasibility and for being taken (the caller normalises them: a
+        knob the change turns off is dropped there). [] when ``compare_within`` is null or fewer
+        than two approaches have a best.
         """
         if self.compare_within is None:
             return []
@@ -165,14 +178,19 @@ class Coverage:
                 under.add(p.name)
         shared = [p.name for p in self.space.params if p.name not in under]
         out: list[tuple[dict[str, Any], int, int]] = []
+        everyone = sorted(((best, t) for best, t in b.values()), key=lambda bt: obj.sort_key(bt[0]))
+        in_race = {t for _, t in race}
+        baseline = next((r.params for r in records if r.is_baseline), {})
         for _, t in race:
-            for _, o in race:
+            for _, o in everyone if t == race[0][1] else race:
                 if o == t:
                     continue
                 mine, theirs = by_number[t].params, by_number[o].params
                 for k in shared:
                     if k not in theirs or theirs[k] == mine.get(k):
                         continue
+                    if o not in in_race and k in baseline and theirs[k] == baseline[k]:
+                        continue  # the baseline's own setting: no evidence the other approach chose it
                     cfg = {**mine, k: theirs[k]}
                     for p in self.space.params:  # what the new level turns on, as the other set it
                         if p.name not in cfg and p.name in theirs and p.active(cfg):
