@@ -404,7 +404,8 @@ def _probe_goals(summary: dict[str, Any], meta: dict[str, Any]) -> list[str]:
               f"sampler's launches. Of those, a mean {s.get('mean_untried_launches', 0):.1f} per run "
               f"({s.get('mean_untried_gpu_hours', 0):.2f} GPU-h) were untried configs drawn in place of "
               f"proposals answered without a launch (sweeps/search/untried.py: nearest the proposal after a "
-              f"duplicate, nearest the incumbent after a dead end); a uniform draw would mostly land on "
+              f"duplicate, nearest the incumbent after a dead end, or the proposal with its dead levels "
+              f"repaired when the level model rates that higher); a uniform draw would mostly land on "
               f"EAGLE-3 configs, which never reach the target on this node."]
     if meta["objective"] != "decode_tok_s":
         lines += ["", f"This space's objective `{meta['objective']}` has no noise-free model value: each config's "

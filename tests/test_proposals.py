@@ -244,3 +244,48 @@ def test_from_an_infeasible_anchor_no_pair_of_changes_counts_as_one():  # a guar
                         [{"name": "fit", "expr": "tokens <= topk * steps + 1"}])
     bad = {"steps": 1, "topk": 1, "tokens": 4}  # a redirect's fallback anchor may be the refused proposal
     assert UntriedDraw(space, seed=0).move_distance({"steps": 2, "topk": 2, "tokens": 4}, bad) == 2
+
+
+def _measured_study(space_def, rows):
+    """An in-memory study holding ``rows`` of ``(params, tok/s)``, measured ok."""
+    import optuna
+
+    study = optuna.create_study(direction="maximize")
+    for params, value in rows:
+        dist = {k: optuna.distributions.CategoricalDistribution(space_def[k]["choices"]) for k in params}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dist, value=value,
+                                                  user_attrs={"status": "ok", "metrics": {"decode_tok_s": value}}))
+    return study
+
+
+_REPAIR_SPACE = {"spec": {"type": "categorical", "choices": ["none", "eagle3"]},
+                 "ar": {"type": "categorical", "choices": ["nccl", "custom", "dead"]},
+                 "g": {"type": "categorical", "choices": [8, 64, 512]},
+                 "steps": {"type": "categorical", "choices": [1, 3, 5]}}
+
+
+@pytest.mark.parametrize("eagle_wins", [True, False])
+def test_a_proposal_with_a_dead_level_is_repaired_when_its_other_choices_look_better(eagle_wins):
+    """After a rule answers a proposal (``ar=dead``), the draw keeps the sampler's other choices
+    (EAGLE-3 and 64 graphs: two knobs from the incumbent besides the dead one) and swaps the dead
+    level when the level model rates that above the incumbent's neighbour (each choice measured
+    well on its own); where EAGLE-3 measured badly the incumbent's neighbour is drawn, as before."""
+    import optuna
+
+    from sweeps.search.untried import redirect
+    from sweeps.store.study import DEFAULT_OBJECTIVES
+
+    space = parse_space(_REPAIR_SPACE)
+    incumbent = {"spec": "none", "ar": "custom", "g": 512, "steps": 3}
+    study = _measured_study(_REPAIR_SPACE, [
+        ({"spec": "none", "ar": "nccl", "g": 512, "steps": 3}, 80.0), (incumbent, 90.0),
+        ({"spec": "none", "ar": "nccl", "g": 64, "steps": 3}, 88.0),
+        ({"spec": "eagle3", "ar": "nccl", "g": 512, "steps": 3}, 87.0 if eagle_wins else 40.0)])
+    proposal = {"spec": "eagle3", "ar": "dead", "g": 64, "steps": 3}
+    assert redirect(study, UntriedDraw(space, seed=0), [], lambda c: c["ar"] != "dead", DEFAULT_OBJECTIVES, proposal,
+                    "rule")
+    got = dict(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))[0].system_attrs["fixed_params"])
+    if eagle_wins:  # the proposal with the dead level swapped
+        assert distance(got, proposal) == 1 and got["ar"] != "dead", got
+    else:  # one knob from the incumbent
+        assert distance(got, incumbent) == 1 and got["spec"] == "none", got
