@@ -289,3 +289,28 @@ def test_a_proposal_with_a_dead_level_is_repaired_when_its_other_choices_look_be
         assert distance(got, proposal) == 1 and got["ar"] != "dead", got
     else:  # one knob from the incumbent
         assert distance(got, incumbent) == 1 and got["spec"] == "none", got
+
+
+def test_a_repair_is_not_preferred_for_the_knobs_its_approach_turns_on():
+    """EAGLE-3 measured far below plain decoding (10 against 80-90 tok/s) and turns on three draft
+    knobs of its own, all at untried levels: their optimism does not outweigh EAGLE-3's measured
+    effect, and the incumbent's neighbour (plain decoding) is drawn."""
+    import optuna
+
+    from sweeps.search.untried import redirect
+    from sweeps.store.study import DEFAULT_OBJECTIVES
+
+    e = {"spec": "eagle3"}
+    space_def = {**_REPAIR_SPACE, "steps": {"type": "categorical", "choices": [1, 3, 5], "when": e},
+                 "topk": {"type": "categorical", "choices": [1, 4, 8], "when": e},
+                 "tokens": {"type": "categorical", "choices": [2, 4, 8], "when": e}}
+    space = parse_space(space_def)
+    incumbent = {"spec": "none", "ar": "custom", "g": 512}
+    study = _measured_study(space_def, [
+        ({"spec": "none", "ar": "nccl", "g": 512}, 80.0), (incumbent, 90.0), ({"spec": "none", "ar": "nccl", "g": 64}, 88.0),
+        ({"spec": "eagle3", "ar": "nccl", "g": 512, "steps": 3, "topk": 1, "tokens": 4}, 10.0)])
+    proposal = {"spec": "eagle3", "ar": "dead", "g": 64, "steps": 5, "topk": 8, "tokens": 8}
+    assert redirect(study, UntriedDraw(space, seed=0), [], lambda c: c["ar"] != "dead", DEFAULT_OBJECTIVES, proposal,
+                    "rule")
+    got = dict(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))[0].system_attrs["fixed_params"])
+    assert got["spec"] == "none" and distance(got, incumbent) == 1, got
