@@ -380,3 +380,37 @@ def test_a_winner_only_the_race_measured_is_the_winner_everywhere(tmp_path):
     assert len(mine) == entry["launched"]
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id and r.data.tags["step"] == entry["step"]
                for r in mine)
+
+
+def test_the_summary_answers_the_sweeps_question_per_approach():
+    """A sweep comparing approaches (plain decoding vs EAGLE-3) says each one's best against the
+    baseline in one line: the winner's value for its approach, the best single measurement of the
+    other, and whether it beats the baseline; an approach never measured is said so."""
+    from sweeps.config.objective import Objective
+
+    def rec(n, spec, value, **kw):
+        r = _rec(n, value=value, **kw)
+        return r.model_copy(update={"params": {**r.params, "speculative": spec}})
+
+    recs = [rec(0, "none", 80.0, is_baseline=True), rec(1, "none", 90.0), rec(2, "eagle3", 58.0), rec(3, "eagle3", 60.0)]
+    s = build_summary("s", Objective(), recs, approaches=("speculative", ["none", "eagle3"]))
+    text = s.approaches_text()
+    assert text == ("approaches (speculative): none 90.0 tok/s (t1, the winner), 1.12x baseline; eagle3 best 60.0 "
+                    "tok/s (t3), 0.75x baseline: does not beat the baseline"), text
+    assert text in s.lines() and text in s.markdown()
+    alone = build_summary("s", Objective(), recs[:2], approaches=("speculative", ["none", "eagle3"]))
+    assert alone.approaches_text().endswith("; eagle3 never measured")
+    assert build_summary("s", Objective(), recs).approaches_text() is None  # no approaches: no line
+
+
+def test_the_console_table_leaves_blank_what_a_config_does_not_have():
+    """A plain-decoding config has no acceptance length (not 1.00), and a metric a trial lacks (a
+    winner the race added has no single run) is ``-``, never ``nan``."""
+    from sweeps.run.progress import _latency_cells
+
+    plain = records.TrialRecord(number=1, state="COMPLETE", params={"speculative": "none"}, status="ok",
+                                metrics={"ttft_ms_p50": 83.0, "itl_ms_p50": 11.12, "accept_length": 1.0})
+    eagle = plain.model_copy(update={"params": {"speculative": "eagle3"}, "metrics": {"accept_length": 1.666,
+                                                                                      "ttft_ms_p50": float("nan")}})
+    assert _latency_cells(plain) == ("83", "11.1", "-")
+    assert _latency_cells(eagle) == ("-", "-", "1.67")

@@ -315,11 +315,12 @@ class Publisher:
         for a multi-objective study (its answer is a front, not one winner)."""
         if self.objectives.multi:
             return None
-        from sweeps.publish.summary import SERVING_ATTR, build_summary
+        from sweeps.publish.summary import SERVING_ATTR, approach_levels, build_summary
 
         serving = serving if serving is not None else self._study_attr(SERVING_ATTR)
         return build_summary(self.study_name, self.objectives.primary, recs, confirmation, serving,
-                             deploy=self.deploy, emulated=is_emulated(self.spec), node=node_label(self.spec))
+                             deploy=self.deploy, emulated=is_emulated(self.spec), node=node_label(self.spec),
+                             approaches=approach_levels(self.spec))
 
     def _study_attr(self, key: str) -> Any:
         study = getattr(self, "_study", None)

@@ -161,6 +161,10 @@ class StudySummary:
         counts / gpu: :class:`Counts`, :class:`GpuHours`.
         serving: the serving check (``sweeps.search.serving_check``), or None.
         confidence: the confirmation's interval level.
+        approaches: for a sweep that compares approaches (``sweep.approaches``), per level of its
+            knob in the space's order ``(knob, level, trial, value)``: the winner's confirmed value
+            for the winner's approach, else the approach's best single measurement (trial and
+            value None when it has none).
     """
 
     study: str
@@ -180,6 +184,7 @@ class StudySummary:
     serving: dict[str, Any] | None
     confidence: float = 0.95
     node: str = ""
+    approaches: list[tuple[str, Any, int | None, float | None]] = field(default_factory=list)
 
     @property
     def confirmed(self) -> bool:
@@ -238,6 +243,26 @@ class StudySummary:
             return None
         return "winner config: " + ", ".join(f"{k}={v}" for k, v in self.winner_config.items())
 
+    def approaches_text(self) -> str | None:
+        """``approaches (speculative): none 90.4 tok/s (t7, the winner), 1.10x baseline; eagle3 best
+        59.0 tok/s (t45), 0.72x baseline: does not beat the baseline``: the sweep's question answered
+        per approach, or None for a sweep without approaches."""
+        if not self.approaches:
+            return None
+        base = self.baseline.value
+        parts = []
+        for _knob, level, trial, value in self.approaches:
+            if trial is None or value is None:
+                parts.append(f"{level} never measured")
+                continue
+            won = trial == self.winner
+            text = f"{level} {'' if won else 'best '}{self._v(value)} (t{trial}{', the winner' if won else ''})"
+            if base:
+                ratio = self.objective.ratio(value, base)
+                text += f", {ratio:.2f}x baseline" + ("" if ratio > 1 else ": does not beat the baseline")
+            parts.append(text)
+        return f"approaches ({self.approaches[0][0]}): " + "; ".join(parts)
+
     def tie_text(self) -> str | None:
         """``tie group: t13, t24 (not distinguishable ...)`` or None."""
         if len(self.tie_group) < 2:
@@ -265,7 +290,8 @@ class StudySummary:
     def lines(self) -> list[str]:
         """The console's headline lines (the same numbers as the findings and MLflow)."""
         out = [self.counts_text(), self.gpu.text() + ".", self.baseline_text(), self.winner_text()]
-        out += [x for x in (self.winner_config_text(), self.tie_text(), self.best_single_text()) if x]
+        out += [x for x in (self.winner_config_text(), self.approaches_text(), self.tie_text(),
+                            self.best_single_text()) if x]
         if self.winner_note:
             out.append(self.winner_note)
         if (s := self.serving_text()) is not None:
@@ -276,8 +302,8 @@ class StudySummary:
         """The MLflow parent's description (``mlflow.note.content``): winner, interval, tie group,
         serving check, deploy command, counts."""
         L = [f"## {self.study}", "", f"**{self.winner_text()}**", "", f"- {self.baseline_text()}"]
-        L += [f"- {x}" for x in (self.winner_config_text(), self.tie_text(), self.best_single_text(),
-                                 self.serving_text()) if x]
+        L += [f"- {x}" for x in (self.winner_config_text(), self.approaches_text(), self.tie_text(),
+                                 self.best_single_text(), self.serving_text()) if x]
         if self.winner_note:
             L.append(f"- {self.winner_note}")
         L += [f"- {self.counts_text()}", f"- {self.gpu.text()}"]
@@ -408,7 +434,7 @@ def _confirm_gpu_s(conf: Mapping[str, Any] | None, recs: Sequence[trial_records.
 def build_summary(study: str, objective: Objective, recs: Sequence[trial_records.TrialRecord],
                   confirmation: Mapping[str, Any] | None = None, serving: Mapping[str, Any] | None = None, *,
                   deploy: Callable[[Mapping[str, Any]], str | None] | None = None, emulated: bool = False,
-                  node: str = "") -> StudySummary:
+                  node: str = "", approaches: tuple[str, Sequence[Any]] | None = None) -> StudySummary:
     """The study's :class:`StudySummary` (pure).
 
     Args:
@@ -419,6 +445,7 @@ def build_summary(study: str, objective: Objective, recs: Sequence[trial_records
         deploy: params -> the deployable command (None: the winner's recorded launch command).
         emulated: the numbers are an emulated node's (GPU-hours ``modelled``).
         node: where the numbers come from, e.g. ``emulated 8×RTX PRO 6000``.
+        approaches: ``(knob, its levels)`` of a sweep that compares approaches, else None.
     """
     recs = list(recs)
     conf = dict(confirmation or {}) or None
@@ -451,13 +478,24 @@ def build_summary(study: str, objective: Objective, recs: Sequence[trial_records
     cmd = ""
     if winner is not None:
         cmd = (deploy(winner.params) if deploy else None) or winner.launch_command or ""
+    per_approach: list[tuple[str, Any, int | None, float | None]] = []
+    if approaches is not None:
+        knob, levels = approaches
+        for level in levels:
+            if winner is not None and winner.params.get(knob) == level:
+                per_approach.append((knob, level, winner.number, wv.value))
+                continue
+            top = trial_records.best_record([r for r in recs if r.params.get(knob) == level], obj)
+            per_approach.append((knob, level, top.number if top is not None else None,
+                                 trial_records.value_of(top, obj) if top is not None else None))
     return StudySummary(study=study, objective=obj, baseline=base, best_single=best_single,
                         winner=winner.number if winner is not None else None, winner_value=wv, speedup=speedup,
                         speedup_ci=sp_ci, tie_group=ties, winner_note=str((conf or {}).get("winner_note") or ""),
                         winner_config=dict(winner.params) if winner is not None else {}, deploy_command=cmd,
                         counts=count_proposals(recs, conf, serving), gpu=gpu,
                         serving=dict(serving) if serving else None,
-                        confidence=float((conf or {}).get("confidence") or 0.95), node=node)
+                        confidence=float((conf or {}).get("confidence") or 0.95), node=node,
+                        approaches=per_approach)
 
 
 def summary_of_study(spec: Any, study: Any, recs: Sequence[trial_records.TrialRecord] | None = None) -> StudySummary:
@@ -469,4 +507,12 @@ def summary_of_study(spec: Any, study: Any, recs: Sequence[trial_records.TrialRe
     attrs = study.user_attrs
     return build_summary(study.study_name, spec.objective_set.primary, recs, attrs.get(CONFIRMATION_ATTR),
                          attrs.get(SERVING_ATTR), deploy=lambda p: deploy_command_for(spec, p),
-                         emulated=is_emulated(spec), node=node_label(spec))
+                         emulated=is_emulated(spec), node=node_label(spec), approaches=approach_levels(spec))
+
+
+def approach_levels(spec: Any) -> tuple[str, list[Any]] | None:
+    """``(knob, its levels in the space's order)`` of a sweep that compares approaches
+    (``sweep.approaches``), else None: what :func:`build_summary` answers per approach."""
+    ap = getattr(spec.sweep, "approaches", None)
+    param = next((p for p in spec.space.params if ap is not None and p.name == ap.knob), None)
+    return (param.name, list(param.levels())) if param is not None else None

@@ -21,6 +21,18 @@ from sweeps.store.tracking import run_name
 from tasks.load_search import censored_text
 
 
+def _latency_cells(r: TrialRecord) -> tuple[str, str, str]:
+    """The summary table's TTFT p50 (ms), ITL p50 (ms) and acceptance length cells of ``r``:
+    ``-`` for a metric the trial has none of (a winner the confirmation's race added has no
+    single run), and for the acceptance length of a config without speculative decoding."""
+    def cell(key: str, fmt: str) -> str:
+        v = r.metrics.get(key)
+        return format(v, fmt) if isinstance(v, (int, float)) and v == v else "-"
+    spec = r.params.get("speculative")
+    return (cell("ttft_ms_p50", ".0f"), cell("itl_ms_p50", ".1f"),
+            cell("accept_length", ".2f") if spec not in (None, "none") else "-")
+
+
 def eta_s(walls: list[float], left: int, running: int, slots: int) -> float:
     """Seconds until ``left`` more launches (and the ``running`` ones) finish: the median
     measured launched-trial wall time (s) x the launches still to start per slot, plus half a
@@ -121,16 +133,12 @@ class Progress:
             marks = (" [baseline]" if r.is_baseline else "") + (
                 " [winner: its confirmed mean; the race added it, no single run]" if r is added
                 else " [winner]" if r.number == winner else "")
-            t.add_row(str(r.number), f"{v:.1f}", f"{sp:.2f}x" if sp else "-",
-                      f"{r.metrics.get('ttft_ms_p50', float('nan')):.0f}", f"{r.metrics.get('itl_ms_p50', float('nan')):.1f}",
-                      f"{r.metrics.get('accept_length', 1.0):.2f}",
+            t.add_row(str(r.number), f"{v:.1f}", f"{sp:.2f}x" if sp else "-", *_latency_cells(r),
                       escape(run_name(r).split(" ", 1)[-1] + marks))
         # a value its load search only bounded (failed at the incumbent's rate): listed with its bound, unranked
         for r in [r for r in recs if r.status == "ok" and r.duplicate_of is None and value_of(r, obj) is None
                   and censored_text(r.metrics, obj.name)][:8]:
-            t.add_row(str(r.number), escape(censored_text(r.metrics, obj.name) or ""), "-",
-                      f"{r.metrics.get('ttft_ms_p50', float('nan')):.0f}", f"{r.metrics.get('itl_ms_p50', float('nan')):.1f}",
-                      f"{r.metrics.get('accept_length', 1.0):.2f}",
+            t.add_row(str(r.number), escape(censored_text(r.metrics, obj.name) or ""), "-", *_latency_cells(r),
                       escape(run_name(r).split(" ", 1)[-1] + (" [baseline]" if r.is_baseline else "")))
         if t.row_count:
             c.print(t)
