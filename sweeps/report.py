@@ -87,7 +87,8 @@ def rebuild(spec: Any, study_name: str, log_to_mlflow: bool = True) -> tuple[Pat
         doc = update_findings(spec, study, recs, fp, rules, objective=obj)
     finally:
         rules.close()
-    levels = next((list(p.levels()) for p in spec.space.params if p.name == "allreduce"), None)
+    allreduce = spec.space.param("allreduce")
+    levels = list(allreduce.levels()) if allreduce is not None else None
     plots = write_plots(study, spec.store_dir / "reports" / study_name, levels, objective=obj, records=recs)
     parent = study.user_attrs.get("mlflow_parent_run_id")
     if log_to_mlflow and parent:

@@ -127,6 +127,10 @@ class SearchSpace:
     def names(self) -> list[str]:
         return [p.name for p in self.params]
 
+    def param(self, name: str) -> ParamSpec | None:
+        """The param called ``name``, or None when the space has none."""
+        return next((p for p in self.params if p.name == name), None)
+
     def distributions(self) -> dict[str, BaseDistribution]:
         """Every param's Optuna distribution (conditional ones included)."""
         return {p.name: to_distribution(p) for p in self.params}
@@ -363,7 +367,7 @@ def seed_configs(space: SearchSpace, baseline: Mapping[str, Any], seed_trials: I
     """
     out = [space.normalize(baseline)] + [space.normalize(s) for s in seed_trials]
     for knob in seed_each_level_of:
-        p = next((p for p in space.params if p.name == knob), None)
+        p = space.param(knob)
         if p is None:
             raise SpaceError(f"seed_each_level_of: {knob!r} is not a param of the space")
         for level in p.levels():

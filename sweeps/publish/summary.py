@@ -481,13 +481,13 @@ def build_summary(study: str, objective: Objective, recs: Sequence[trial_records
     per_approach: list[tuple[str, Any, int | None, float | None]] = []
     if approaches is not None:
         knob, levels = approaches
-        for level in levels:
+        for level, ranked in trial_records.ranked_by_level(recs, knob, levels, obj).items():
             if winner is not None and winner.params.get(knob) == level:
                 per_approach.append((knob, level, winner.number, wv.value))
-                continue
-            top = trial_records.best_record([r for r in recs if r.params.get(knob) == level], obj)
-            per_approach.append((knob, level, top.number if top is not None else None,
-                                 trial_records.value_of(top, obj) if top is not None else None))
+            elif ranked:
+                per_approach.append((knob, level, ranked[0].number, trial_records.value_of(ranked[0], obj)))
+            else:
+                per_approach.append((knob, level, None, None))
     return StudySummary(study=study, objective=obj, baseline=base, best_single=best_single,
                         winner=winner.number if winner is not None else None, winner_value=wv, speedup=speedup,
                         speedup_ci=sp_ci, tie_group=ties, winner_note=str((conf or {}).get("winner_note") or ""),
@@ -514,5 +514,5 @@ def approach_levels(spec: Any) -> tuple[str, list[Any]] | None:
     """``(knob, its levels in the space's order)`` of a sweep that compares approaches
     (``sweep.approaches``), else None: what :func:`build_summary` answers per approach."""
     ap = getattr(spec.sweep, "approaches", None)
-    param = next((p for p in spec.space.params if ap is not None and p.name == ap.knob), None)
+    param = spec.space.param(ap.knob) if ap is not None else None
     return (param.name, list(param.levels())) if param is not None else None

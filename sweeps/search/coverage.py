@@ -78,7 +78,7 @@ class Coverage:
 
     def __init__(self, config: ApproachesConfig, space: SearchSpace, objective: Objective | None = None,
                  budget: int | None = None):
-        param = next((p for p in space.params if p.name == config.knob), None)
+        param = space.param(config.knob)
         if param is None:
             raise ValueError(f"sweep.approaches.knob: {config.knob!r} is not a param of the space")
         self.knob = config.knob
@@ -94,18 +94,10 @@ class Coverage:
     def bests(self, records: Iterable[trial_records.TrialRecord]) -> dict[Any, tuple[float | None, int, int | None]]:
         """Per level ``(best value, ok launches, its trial)`` over the :func:`sweeps.store.records.rankable`
         trials (``(None, 0, None)`` for a level without one)."""
-        out: dict[Any, tuple[float | None, int, int | None]] = {v: (None, 0, None) for v in self.levels}
-        obj = self.objective
-        for r in records:
-            v = r.params.get(self.knob)
-            if v not in out or not r.launched or not trial_records.rankable(r, obj):
-                continue
-            val = trial_records.value_of(r, obj)
-            best, n, t = out[v]
-            if best is None or (val is not None and obj.sort_key(val) < obj.sort_key(best)):
-                best, t = val, r.number
-            out[v] = (best, n + 1, t)
-        return out
+        ranked = trial_records.ranked_by_level([r for r in records if r.launched], self.knob, self.levels,
+                                               self.objective)
+        return {v: (trial_records.value_of(rs[0], self.objective), len(rs), rs[0].number) if rs else (None, 0, None)
+                for v, rs in ranked.items()}
 
     def released(self, records: Iterable[trial_records.TrialRecord]) -> dict[Any, dict[str, Any]]:
         """The levels whose quota is released, with the evidence: ``{level: {"best", "trial",
@@ -181,8 +173,10 @@ class Coverage:
         everyone = sorted(((best, t) for best, t in b.values()), key=lambda bt: obj.sort_key(bt[0]))
         in_race = {t for _, t in race}
         baseline = next((r.params for r in records if r.is_baseline), {})
+        leader = race[0][1]
         for _, t in race:
-            for _, o in everyone if t == race[0][1] else race:
+            donors = everyone if t == leader else race  # only the leader takes from approaches out of the race
+            for _, o in donors:
                 if o == t:
                     continue
                 mine, theirs = by_number[t].params, by_number[o].params

@@ -8,7 +8,7 @@ report and the MLflow sync can all be rebuilt from storage alone.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +219,14 @@ def ranked_records(records: list[TrialRecord], objective: Objective | ObjectiveS
     """The :func:`rankable` trials, best objective first (ties: lower trial number first)."""
     obj = _obj(objective)
     return obj.ranked([r for r in records if rankable(r, objective)], lambda r: value_of(r, obj))
+
+
+def ranked_by_level(records: Iterable[TrialRecord], knob: str, levels: Iterable[Any],
+                    objective: Objective | ObjectiveSet | None = None) -> dict[Any, list[TrialRecord]]:
+    """Per level of ``knob`` (every one of ``levels``, in their order), the trials that ran it,
+    :func:`ranked_records` (best first; ``[]`` for a level no rankable trial ran)."""
+    records = list(records)
+    return {v: ranked_records([r for r in records if r.params.get(knob) == v], objective) for v in levels}
 
 
 def best_record(records: list[TrialRecord], objective: Objective | ObjectiveSet | None = None) -> TrialRecord | None:

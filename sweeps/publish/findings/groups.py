@@ -38,10 +38,9 @@ def group_knobs(space: Any, records: Sequence[trial_records.TrialRecord]) -> lis
 
 def levels(space: Any, knob: str, records: Sequence[trial_records.TrialRecord]) -> list[Any]:
     """Every level of ``knob``: the space's, else those seen in the records (in order)."""
-    if space is not None:
-        for p in space.params:
-            if p.name == knob:
-                return list(p.levels())
+    param = space.param(knob) if space is not None else None
+    if param is not None:
+        return list(param.levels())
     seen: list[Any] = []
     for r in records:
         if knob in r.params and r.params[knob] not in seen:
