@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from sweeps.config.spec import load_spec
 from sweeps.publish.findings import Context, read_data_block, render_section, update_findings
 from sweeps.publish.findings.break_even import FORMULA
@@ -204,7 +206,7 @@ def test_next_steps_ties_rechecks_and_plot_links(tmp_path):
             "t1 88.6 (83.3–93.9, 3 runs). Re-run") in sec
     assert "sweep.confirm.repeats=6" in sec
     assert "torch_symm_mem_unsupported (t4; after a torch / nccl upgrade)" in sec
-    assert "`python run_sweep.py sweep=recheck source=camp node=<the upgraded node>`" in sec
+    assert "`.venv/bin/python run_sweep.py sweep=recheck source=camp node=<the upgraded node>`" in sec
     assert "[optimization_history](../store/reports/camp/optimization_history.png)" in sec
     assert "MLflow parent run" in sec
 
@@ -291,6 +293,18 @@ def test_a_tie_the_race_could_not_decide_asks_for_a_higher_cap(tmp_path):
             "their means and spreads so far, they could still not be decided.") in sec
     assert "at 5 repeats" not in sec and "8 could not decide" not in sec
     assert "sweep.confirm.max_repeats=16" in sec and "sweep.confirm.repeats=" not in sec
+
+
+@pytest.mark.parametrize("status", ["pick_decided", "equivalent", "separated"])
+def test_a_pick_the_race_decided_asks_for_no_more_repeats(tmp_path, status):
+    """Overlapping intervals whose pick the race decided (ranked after the pick with no room to
+    beat it, shown equivalent, or separated by Welch's test where the intervals still overlap):
+    more repeats cannot change the pick, so the next steps never ask for them."""
+    conf = {**CONF, "max_repeats": 8, "decision": {"status": status}}
+    sec = render_section(ctx(tmp_path, conf=conf), sweep())[0].split("### Next steps")[1]
+    assert "Ties that need more repeats" not in sec and "sweep.confirm." not in sec
+    undecided = {**conf, "decision": {"status": "undecidable"}}
+    assert "Ties that need more repeats" in render_section(ctx(tmp_path, conf=undecided), sweep())[0]
 
 
 def test_a_tie_only_some_of_which_reached_the_cap_is_not_said_to_have_reached_it(tmp_path):

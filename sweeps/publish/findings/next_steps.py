@@ -2,7 +2,9 @@
 
 * untried regions: knob levels and approaches never launched (levels only skipped by a
   known dead end are not a region: the rule says why);
-* ties: confirmed configs whose interval overlaps the winner's (more repeats decide them);
+* ties: confirmed configs whose interval overlaps the winner's, when more repeats could decide
+  them (not when the confirmation's race decided the pick: separated, shown equivalent, or
+  ranked after it with no room to beat it);
 * rechecks after an upgrade: dead ends whose class depends on the GPU architecture or a
   component version (``recheck_classes.yaml`` beside this module), with the recheck command;
 * the plots, linked relative to the document (also on the MLflow parent run).
@@ -26,6 +28,12 @@ from sweeps.publish.findings.untried import knowledge, level_is_dead_end, open_a
 from sweeps.store import records
 
 RECHECK_FILE = Path(__file__).with_name("recheck_classes.yaml")
+#: How the README runs the project's commands (the interpreter ``make venv`` installs into), so a
+#: command copied from the findings runs as written in a checkout.
+PYTHON = ".venv/bin/python"
+#: The confirmation race's decisions that more repeats cannot change
+#: (:func:`sweeps.search.decision.decide` statuses).
+DECIDED = frozenset({"single", "separated", "equivalent", "pick_decided"})
 # The PNGs sweeps.publish.plots.write_plots writes, listed when the plots directory is not there yet.
 DEFAULT_PLOTS = ("optimization_history.png", "param_importances.png", "toks_by_allreduce_speculation.png",
                  "failures_by_class.png", "eagle_draft_acceptance.png")
@@ -79,7 +87,7 @@ def _untried_lines(ctx: Context, recs: Sequence[records.TrialRecord], groups: di
     if combos:
         out.append("- **Untried approaches** (no known dead end): " + "; ".join(combos) + ".")
     if out:
-        out.append(f"  Continue the study with a larger budget: `python run_sweep.py sweep={ctx.sweep or ctx.study} "
+        out.append(f"  Continue the study with a larger budget: `{PYTHON} run_sweep.py sweep={ctx.sweep or ctx.study} "
                    f"study_name={ctx.study} sweep.budget.trials=<more>`.")
     return out
 
@@ -95,7 +103,7 @@ def _overlaps(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 def _tie_lines(ctx: Context) -> list[str]:
     conf = ctx.confirmation or {}
     win = next((e for e in conf.get("entries", []) if e.get("trial") == conf.get("winner")), None)
-    if win is None:
+    if win is None or (conf.get("decision") or {}).get("status") in DECIDED:
         return []
     ties = [e for e in conf.get("entries", []) if e is not win and not e.get("is_baseline")
             and e.get("tokens_match") is not False and e.get("n") and _overlaps(win, e)]
@@ -124,7 +132,7 @@ def _tie_lines(ctx: Context) -> list[str]:
         why, flag = "", f"sweep.confirm.repeats={max(2 * rep, rep + 3)}"
     desc = "; ".join(_with_runs(e) for e in ties)
     return [f"- **Ties that need more repeats**: the winner {_with_runs(win)} overlaps {desc}.{why} "
-            f"Re-run the confirmation with more: `python run_sweep.py sweep={ctx.sweep or ctx.study} "
+            f"Re-run the confirmation with more: `{PYTHON} run_sweep.py sweep={ctx.sweep or ctx.study} "
             f"study_name={ctx.study} {flag}`."]
 
 
@@ -155,7 +163,7 @@ def _recheck_lines(ctx: Context, recs: Sequence[records.TrialRecord]) -> list[st
              + f"; after a {' / '.join(RECHECK_CLASSES[cls])} upgrade)" for cls, ns in sorted(seen.items())]
     return ["- **Rechecks worth running after an upgrade** (dead ends that depend on the GPU architecture or a "
             "component version): " + "; ".join(parts)
-            + f". Re-run each once on the new stack: `python run_sweep.py sweep=recheck source={ctx.study} "
+            + f". Re-run each once on the new stack: `{PYTHON} run_sweep.py sweep=recheck source={ctx.study} "
             "node=<the upgraded node>` (on the node they were learned on they all still apply, and nothing is "
             "re-run)."]
 
@@ -187,7 +195,7 @@ def plot_links(ctx: Context, recs: Sequence[records.TrialRecord] = ()) -> list[s
     start = Path(ctx.findings_path).parent if ctx.findings_path else Path.cwd()
     rel = Path(os.path.relpath(pdir, start)).as_posix()
     links = ", ".join(f"[{n.removesuffix('.png')}]({rel}/{n})" for n in names)
-    return [f"- **Plots**: {links} (written by the sweep and `python -m sweeps.report {ctx.study}`; "
+    return [f"- **Plots**: {links} (written by the sweep and `{PYTHON} -m sweeps.report {ctx.study}`; "
             "also attached to the MLflow parent run under `plots/`)."]
 
 
