@@ -20,8 +20,8 @@ TABLE_PATH = Path(__file__).with_name("failure_signatures.yaml")
 KINDS = ("deterministic", "transient", "infra", "perf")
 #: Named whole-log checks a signature row may use instead of patterns (``tasks.failures``).
 CHECK_NAMES = ("spec_decode_no_speedup", "allreduce_path_degraded")
-_ROW_KEYS = {"class", "patterns", "source", "requires", "unless", "near", "not_near", "line_unless", "first_error", "exit_codes",
-             "stages", "check"}
+_ROW_KEYS = {"class", "patterns", "source", "requires", "unless", "near", "not_near", "line_unless", "first_error",
+             "waited_past", "exit_codes", "stages", "check"}
 
 #: Lines above the decisive one searched by ``Signature.near`` (a Python traceback frame
 #: and its source line sit 1-3 lines above the exception line; 8 leaves room for chained
@@ -63,6 +63,11 @@ class Signature:
             be a warning, nor follow an ERROR or fatal line outside its own traceback, nor be followed by the
             server becoming ready (a launcher's verdict on a server that failed for a reason of
             its own, or came up after all, is not the cause).
+        waited_past: the row's line reports a wait (a hang detector's notice), so it is no
+            verdict when the log shows the work going on after its last such line (a hang
+            repeats the notice): a later line outside any
+            traceback that is not a warning or error and marks a startup milestone or a served
+            request (``Tables.milestones``).
     """
 
     failure_class: str
@@ -77,6 +82,7 @@ class Signature:
     stages: frozenset[str] | None = None
     check: str | None = None
     first_error: bool = False
+    waited_past: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,12 +149,16 @@ def _row(i: int, row: Any, kinds: dict[str, str], stages: set[str]) -> Signature
     first = row.get("first_error", False)
     if not isinstance(first, bool):
         raise SignatureTableError(f"{where}.first_error: expected true or false, got {first!r}")
+    waited = row.get("waited_past", False)
+    if not isinstance(waited, bool):
+        raise SignatureTableError(f"{where}.waited_past: expected true or false, got {waited!r}")
     return Signature(
         failure_class=cls, patterns=tuple(_compile(f"{where}.patterns[{j}]", p) for j, p in enumerate(pats)),
         source=str(row.get("source") or ""), requires=_opt(where, row, "requires", re.MULTILINE),
         unless=_opt(where, row, "unless", re.MULTILINE), near=_opt(where, row, "near"),
         not_near=_opt(where, row, "not_near"), line_unless=_opt(where, row, "line_unless"),
-        exit_codes=None if codes is None else frozenset(codes), stages=st, check=check, first_error=first)
+        exit_codes=None if codes is None else frozenset(codes), stages=st, check=check, first_error=first,
+        waited_past=waited)
 
 
 def _stages(where: str, st: Any, stages: set[str]) -> frozenset[str] | None:

@@ -97,6 +97,8 @@ KIND: dict[str, str] = TABLES.kinds
 SIGNATURES: tuple[Signature, ...] = TABLES.signatures
 #: Startup milestones: the stage of a line, and the progress a startup timeout reached.
 MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = TABLES.milestones
+#: the rows whose line reports a wait (``waited_past``: :meth:`_Log._waited_out`)
+_WAIT_ROWS: tuple[Signature, ...] = tuple(r for r in SIGNATURES if r.waited_past)
 #: Where a crash was raised: (class, frame regex, source, stages), the ``raised_in`` section of
 #: failure_signatures.yaml, tried on a traceback's innermost frames when no row matched.
 RAISED_IN: tuple[RaisedIn, ...] = TABLES.raised_in
@@ -249,6 +251,7 @@ class _Log:
         #: its first line's ("Failed requests: 0" would hide a later run's "Failed requests: 3")
         self.failed_requests = {i for i, ln in enumerate(v.lines) if "ailed request" in ln and _FAILED_COUNT.search(ln)}
         self.candidates = self._candidates()
+        self.waited_out = self._waited_out()
         #: every distinct line scanned once, in order of first appearance (what requires/unless search)
         read = sorted(v.scan)
         self.text = "\n".join(v.forms[k].body for k in read) + "\n" + "\n".join(v.form_lines[k] for k in read)
@@ -298,6 +301,8 @@ class _Log:
             best, best_sev = i, _tier(v.severity[i])
         if best is not None and row.first_error and not self._first_error(best):
             return None
+        if best is not None and row.waited_past and best in self.waited_out:
+            return None
         return best
 
     def _first_error(self, i: int) -> bool:
@@ -310,6 +315,27 @@ class _Log:
         if any(v.severity[j] >= ERROR and v.quotable(j) for j in range(lo)):
             return False
         return not any(self.stages[j] in ("ready", "first_request", "serving") for j in range(i + 1, len(v.keys)))
+
+    def _waited_out(self) -> set[int]:
+        """The lines of a wait the work went on past (a ``waited_past`` row's notice, when a line
+        after its last one is progress: outside any traceback, below WARN, a startup milestone
+        or a served request). They rank as warnings from here on: the wait was survived, so it
+        is neither a row's verdict nor the fatal event an unknown quotes."""
+        v = self.view
+        out: set[int] = set()
+        for row in _WAIT_ROWS:
+            forms = {k for k in v.scan if any(p.search(v.forms[k].body) for p in row.patterns)}
+            hits = [i for i, k in enumerate(v.keys) if k in forms] if forms else []
+            if not hits:
+                continue
+            progress = next((j for j in range(len(v.keys) - 1, hits[-1], -1)
+                             if self.form_stage[v.keys[j]] is not None and v.severity[j] < WARN
+                             and not v.frame[j] and v.tb_start[j] == j), None)
+            if progress is not None:
+                out.update(hits)
+        for i in out:
+            v.severity[i] = min(v.severity[i], WARN)
+        return out
 
     def _near(self, pat: re.Pattern[str], i: int) -> bool:
         lo = min(max(0, i - NEAR_LINES), self.view.tb_start[i])

@@ -1408,3 +1408,77 @@ def test_a_readiness_poll_answered_with_no_json_is_a_failed_health_check():
     # the same decoder error anywhere else is not the server's readiness poll
     other = log.replace("in _wait_and_warmup", "in load_chat_template").replace("model_info = res.json()", "t = r.json()")
     assert classify("Traceback (most recent call last):\n" + other).failure_class != "health_check_failed"
+
+
+# ------------------------------------------------------------------ test24 read
+_SHM = ("(EngineCore pid=128) INFO 06-01 09:47:39 [shm_broadcast.py:698] No available shared memory broadcast block "
+        "found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming "
+        "work (e.g. compilation, weight/kv cache quantization).\n")
+
+
+def test_a_hang_notice_the_startup_went_on_past_is_no_hang():
+    # a vLLM engine waiting a minute on a worker that was compiling, then going on
+    # (noonghunna/club-3090#294, trimmed): the notice is a wait that ended, no verdict
+    went_on = _SHM + ("(Worker_TP0 pid=138) INFO 06-01 09:47:53 [monitor.py:81] Initial profiling/warmup run took 62.77 s\n"
+                      "(Worker_TP0 pid=138) INFO 06-01 09:47:53 [backends.py:1148] Dynamo bytecode transform time: "
+                      "0.11 s\n")
+    c = classify(went_on)  # a log that stops in torch.compile: the harness's view, never the notice
+    assert c.failure_class == "startup_timeout" and "shm_broadcast" not in c.line, c
+    # the notice as the log's last word, or said again after the work went on, is the hang
+    assert classify(_SHM * 3).failure_class == "engine_hang_detected"
+    assert classify(went_on + _SHM.replace("09:47:39", "09:48:53")).failure_class == "engine_hang_detected"
+    # a traceback's frames after the notice are no progress either
+    died = _SHM + ("Traceback (most recent call last):\n"
+                   '  File "/x/vllm/v1/worker/gpu_model_runner.py", line 3300, in capture_model\n'
+                   "    self._capture_cudagraphs(\n")
+    assert classify(died).failure_class == "engine_hang_detected"
+
+
+def test_a_ray_actor_prefix_with_nested_parentheses_is_stripped():
+    # vllm-project/vllm#37250: vLLM inside Ray Data, its lines prefixed by the actor's nested name
+    pre = ("2026-03-09 01:31:29.489217213 (MapWorker(MapBatches(vLLMEngineActor)) pid=1202, ip=10.53.120.118) "
+           "(EngineCore_DP0 pid=32080) ERROR 03-08 17:31:28 [core.py:1102] ")
+    log = "".join(pre + ln + "\n" for ln in (
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/distributed/device_communicators/shm_broadcast.py", '
+        'line 542, in acquire_read', "    raise TimeoutError", "TimeoutError"))
+    c = classify(log)
+    assert c.failure_class == "engine_hang_detected" and c.line.endswith("TimeoutError"), c
+
+
+def test_a_system_error_after_an_ib_completion_error_is_the_network():
+    # deepspeedai/DeepSpeed#2931, trimmed: the IB transport's failed completion, then NCCL's system
+    # error up the proxy's stack and torch's abort
+    ib = ("PHLRR4036:24141:24296 [2] ib_plugin.c:978 NCCL WARN NET/IB : Got completion from peer "
+          "10.226.98.98<48598> with error 12, opcode 0, len 0, vendor err 129\n")
+    tail = ("PHLRR4036:24141:24296 [2] NCCL INFO proxy.cc:520 -> 2\n"
+            "terminate called after throwing an instance of 'std::runtime_error'\n"
+            "  what():  NCCL error: unhandled system error, NCCL version 2.14.3\n")
+    assert classify(ib + tail).failure_class == "nccl_network_error"
+    assert classify(tail).failure_class == "nccl_init_system_error"  # without it, the system error's class
+
+
+def test_a_launchers_deadline_on_a_handler_process_is_a_startup_timeout():
+    # cubist38/mlx-openai-server#293 (a 300 s readiness deadline, made configurable in its fix)
+    line = ("2026-05-01 22:10:16 | ERROR    | app.server:lifespan:449 | Failed to initialize multi-handler setup: "
+            "Handler process for 'mlx-community/MiMo-V2-Flash-4bit' did not become ready within 300 s\n")
+    assert classify(line).failure_class == "startup_timeout"
+    # a process that came up and then logged the word is no deadline
+    assert classify("INFO worker process is ready within budget\n").failure_class != "startup_timeout"
+
+
+def test_a_gpu_too_old_for_triton_is_an_arch_the_build_lacks():
+    # torch/_inductor/scheduler.py (GPUTooOldForTriton), as a P40 user posted it
+    log = ("RuntimeError: Found Tesla P40 which is too old to be supported by the triton GPU compiler, which is used "
+           "as the backend. Triton only supports devices of CUDA Capability >= 7.0, but your device is of CUDA "
+           "capability 6.1\n")
+    assert (classify(log).failure_class, classify(log).kind) == ("arch_not_in_build", "deterministic")
+
+
+def test_an_acl_graph_capture_call_that_fails_is_a_graph_capture_failure():
+    # vllm-project/vllm-ascend#8393, its first line
+    log = (" RuntimeError: Worker failed with error 'NPUModelRunner init failed, error is NPUModelRunner failed, "
+           "error is capture_begin:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:214 NPU function error: "
+           "c10_npu::acl::AclmdlRICaptureBegin(capture_stream_, capture_mode), error code is 207005\n")
+    assert classify(log).failure_class == "cuda_graph_capture_failed_other"
+    # another ACL call's failure is not a capture's
+    assert classify(log.replace("AclmdlRICaptureBegin", "AclrtMalloc")).failure_class != "cuda_graph_capture_failed_other"
