@@ -44,9 +44,11 @@ MAX_TRACEBACK_LINES = 400
 # Each prefix regex consumes one prefix at the start of the (remaining) line; they are tried in
 # a loop, so nested prefixes (a container tag, then vLLM's process tag, then its header) go.
 _PIPE = re.compile(r"^\s*(?:[\w.-]+\s*)?\|\s?")
-#: (a Ray actor's name may nest its own parentheses, two deep: Ray Data's
-#: ``(MapWorker(MapBatches(vLLMEngineActor)) pid=1202, ip=10.0.0.1)``)
-_PROC = re.compile(r"^\s*\((?P<proc>(?:[^()]|\((?:[^()]|\([^()]*\))*\))*?\bpid=\d+[^()]*)\)\s?")
+#: (a Ray actor's name may nest its own parentheses, three deep: Ray Data's
+#: ``(MapWorker(MapBatches(vLLMEngineActor)) pid=1202, ip=10.0.0.1)``; the name and the tail
+#: after ``pid=`` are bounded, so a long line that opens a parenthesis and never closes it costs
+#: no more than a short one)
+_PROC = re.compile(r"^\s*\((?P<proc>(?:[^()]|\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)){0,200}?\bpid=\d+[^()]{0,120})\)\s?")
 _VLLM_HDR = re.compile(r"^\s*(?P<lvl>INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\s+\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}(?:\.\d+)?"
                        r"\s+\[?[\w./<>-]+:\d+\]\s?")
 _VLLM_SHORT = re.compile(r"^\s*(?P<lvl>INFO|WARNING|ERROR|DEBUG|CRITICAL)\s+(?:\d+\s+)?\[[\w./-]+:\d+\]\s?")

@@ -20,8 +20,8 @@ TABLE_PATH = Path(__file__).with_name("failure_signatures.yaml")
 KINDS = ("deterministic", "transient", "infra", "perf")
 #: Named whole-log checks a signature row may use instead of patterns (``tasks.failures``).
 CHECK_NAMES = ("spec_decode_no_speedup", "allreduce_path_degraded")
-_ROW_KEYS = {"class", "patterns", "source", "requires", "unless", "near", "not_near", "line_unless", "first_error",
-             "waited_past", "exit_codes", "stages", "check"}
+_ROW_KEYS = {"class", "patterns", "source", "requires", "unless", "unless_before", "near", "not_near", "line_unless",
+             "first_error", "waited_past", "exit_codes", "stages", "check"}
 
 #: Lines above the decisive one searched by ``Signature.near`` (a Python traceback frame
 #: and its source line sit 1-3 lines above the exception line; 8 leaves room for chained
@@ -48,6 +48,9 @@ class Signature:
         source: where the fragment comes from (source file, public issue).
         requires: regex that must occur somewhere in the log (multiline).
         unless: regex that vetoes the row when it occurs anywhere in the log.
+        unless_before: regex that vetoes a decisive line when it occurs on an earlier line (a
+            consequence of what that line reports: a surviving rank's failed network completion
+            after its peer crashed), but not on a later one (what the failure caused).
         near: regex that must occur within :data:`NEAR_LINES` lines above (or on) the
             decisive line, or in the traceback that ends on it, e.g. the frame that raised it.
         not_near: regex that vetoes the decisive line when it occurs where ``near`` looks.
@@ -75,6 +78,7 @@ class Signature:
     source: str = ""
     requires: re.Pattern[str] | None = None
     unless: re.Pattern[str] | None = None
+    unless_before: re.Pattern[str] | None = None
     near: re.Pattern[str] | None = None
     not_near: re.Pattern[str] | None = None
     line_unless: re.Pattern[str] | None = None
@@ -155,7 +159,8 @@ def _row(i: int, row: Any, kinds: dict[str, str], stages: set[str]) -> Signature
     return Signature(
         failure_class=cls, patterns=tuple(_compile(f"{where}.patterns[{j}]", p) for j, p in enumerate(pats)),
         source=str(row.get("source") or ""), requires=_opt(where, row, "requires", re.MULTILINE),
-        unless=_opt(where, row, "unless", re.MULTILINE), near=_opt(where, row, "near"),
+        unless=_opt(where, row, "unless", re.MULTILINE), unless_before=_opt(where, row, "unless_before"),
+        near=_opt(where, row, "near"),
         not_near=_opt(where, row, "not_near"), line_unless=_opt(where, row, "line_unless"),
         exit_codes=None if codes is None else frozenset(codes), stages=st, check=check, first_error=first,
         waited_past=waited)

@@ -216,6 +216,10 @@ POLLING_LINES = 2
 #: request served, a measured result (a test's or a benchmark's, with no server line). vLLM's
 #: ``api_up`` counts too, in a vLLM log only (SGLang logs uvicorn's lines before its warmup).
 _UP_STAGES = ("ready", "first_request", "result")
+#: The startup's milestones in the order a server passes them (``milestones`` of
+#: failure_signatures.yaml up to ``ready``; the serving stages after it are not the startup's).
+_STARTUP_ORDER = {name: n for n, name in enumerate(("dist_init", "dist_ready", "load", "loaded", "compile", "kv_cache",
+                                                    "capture", "captured", "api_up", "ready"))}
 #: Human names of the startup milestones (``milestones`` of failure_signatures.yaml).
 PHASE_NAMES = {None: "start", "dist_init": "distributed init", "dist_ready": "distributed init done",
                "load": "weights", "loaded": "weights loaded", "compile": "torch.compile",
@@ -251,6 +255,7 @@ class _Log:
         #: its first line's ("Failed requests: 0" would hide a later run's "Failed requests: 3")
         self.failed_requests = {i for i, ln in enumerate(v.lines) if "ailed request" in ln and _FAILED_COUNT.search(ln)}
         self.candidates = self._candidates()
+        self._first: dict[re.Pattern[str], int] = {}  # _first_line's answers, per pattern
         self.waited_out = self._waited_out()
         #: every distinct line scanned once, in order of first appearance (what requires/unless search)
         read = sorted(v.scan)
@@ -298,6 +303,8 @@ class _Log:
                 continue
             if row.not_near is not None and self._near(row.not_near, i):
                 continue
+            if row.unless_before is not None and self._first_line(row.unless_before) < i:
+                continue
             best, best_sev = i, _tier(v.severity[i])
         if best is not None and row.first_error and not self._first_error(best):
             return None
@@ -317,10 +324,16 @@ class _Log:
         return not any(self.stages[j] in ("ready", "first_request", "serving") for j in range(i + 1, len(v.keys)))
 
     def _waited_out(self) -> set[int]:
-        """The lines of a wait the work went on past (a ``waited_past`` row's notice, when a line
-        after its last one is progress: outside any traceback, below WARN, a startup milestone
-        or a served request). They rank as warnings from here on: the wait was survived, so it
-        is neither a row's verdict nor the fatal event an unknown quotes."""
+        """The lines of a wait the startup went on past: a ``waited_past`` row's notices, when a
+        line after the last one is a startup milestone later than the stage that notice fell in
+        (outside any traceback, below WARN). They rank as warnings from here on: the wait was
+        survived, so it is neither a row's verdict nor the fatal event an unknown quotes.
+
+        Only the startup's own advance counts. A request arriving, a health probe answered or a
+        throughput line is no sign that a hung engine went on (vLLM's API server answers while
+        its engine core hangs, and another data-parallel engine keeps serving), and a milestone
+        of a stage the log had already reached is a late line of another process (Ray forwards a
+        remote worker's lines minutes late)."""
         v = self.view
         out: set[int] = set()
         for row in _WAIT_ROWS:
@@ -328,14 +341,22 @@ class _Log:
             hits = [i for i, k in enumerate(v.keys) if k in forms] if forms else []
             if not hits:
                 continue
-            progress = next((j for j in range(len(v.keys) - 1, hits[-1], -1)
-                             if self.form_stage[v.keys[j]] is not None and v.severity[j] < WARN
-                             and not v.frame[j] and v.tb_start[j] == j), None)
-            if progress is not None:
+            at = _STARTUP_ORDER.get(self.stages[hits[-1]], -1)
+            if any(_STARTUP_ORDER.get(self.form_stage[v.keys[j]], -1) > at and v.severity[j] < WARN
+                   and not v.frame[j] and v.tb_start[j] == j for j in range(hits[-1] + 1, len(v.keys))):
                 out.update(hits)
         for i in out:
             v.severity[i] = min(v.severity[i], WARN)
         return out
+
+    def _first_line(self, pat: re.Pattern[str]) -> int:
+        """Index of the first scanned line ``pat`` matches (its body), or the log's length."""
+        if pat not in self._first:
+            v = self.view
+            forms = {k for k in v.scan if pat.search(v.forms[k].body)}
+            self._first[pat] = next((i for i, k in enumerate(v.keys) if k in forms), len(v.keys)) if forms \
+                else len(v.keys)
+        return self._first[pat]
 
     def _near(self, pat: re.Pattern[str], i: int) -> bool:
         lo = min(max(0, i - NEAR_LINES), self.view.tb_start[i])

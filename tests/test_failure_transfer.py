@@ -1462,8 +1462,12 @@ def test_a_launchers_deadline_on_a_handler_process_is_a_startup_timeout():
     line = ("2026-05-01 22:10:16 | ERROR    | app.server:lifespan:449 | Failed to initialize multi-handler setup: "
             "Handler process for 'mlx-community/MiMo-V2-Flash-4bit' did not become ready within 300 s\n")
     assert classify(line).failure_class == "startup_timeout"
-    # a process that came up and then logged the word is no deadline
-    assert classify("INFO worker process is ready within budget\n").failure_class != "startup_timeout"
+    # a launcher's poll line and a stated setting name the nouns too, and say nothing failed
+    poll = ("INFO 2026-05-01 22:05:40 launcher: model runner not ready after 30 s (elapsed 30/900 s)\n"
+            "Segmentation fault (core dumped)\n")
+    assert classify(poll, exit_code=139).failure_class != "startup_timeout"
+    setting = "INFO | app.config:load:88 | a handler process that is not ready within 300 s is killed\n"
+    assert classify(setting + "ValueError: Model type x not supported.\n", exit_code=1).failure_class != "startup_timeout"
 
 
 def test_a_gpu_too_old_for_triton_is_an_arch_the_build_lacks():
@@ -1482,3 +1486,13 @@ def test_an_acl_graph_capture_call_that_fails_is_a_graph_capture_failure():
     assert classify(log).failure_class == "cuda_graph_capture_failed_other"
     # another ACL call's failure is not a capture's
     assert classify(log.replace("AclmdlRICaptureBegin", "AclrtMalloc")).failure_class != "cuda_graph_capture_failed_other"
+
+
+def test_a_failed_ib_completion_yields_to_a_crash_before_it_not_to_one_after_it():
+    # the order decides which is the cause: NVIDIA/nccl-tests#24 (error 12, then an illegal access
+    # as fallout) and a survivor's error 12 after its peer's illegal access
+    ib = ("gpu5:35917:35994 [0] transport/net_ib.cu:788 NCCL WARN NET/IB : Got completion from peer 10.0.0.2<4000> "
+          "with error 12, opcode 1, len 0, vendor err 129\n")
+    ima = "gpu5:35917:35917 [1] init.cu:194 NCCL WARN Cuda failure 'an illegal memory access was encountered'\n"
+    assert classify(ib + ima).failure_class == "nccl_network_error"
+    assert classify(ima + ib).failure_class == "cuda_illegal_memory_access"
