@@ -66,7 +66,11 @@ def _err(overrides):
         (["sweep.constraints=[{name: never, expr: 'cuda_graph_max_bs > 100000'}]"], "no config in the space satisfies"),
         (["sweep.constraints=[{name: z, expr: 'cuda_graph_max_bs / 0 > 1'}]"], "cannot be evaluated"),
         (["sweep.constraints=[{name: p, expr: '9 ** 9 ** 9 > cuda_graph_max_bs'}]"], "Pow is not allowed"),
-        (["sweep.params.cuda_graph_max_bs.choices=[64,big,128]"], "cuda_graph_max_bs takes whole numbers only"),
+        (["~sweep.params.cuda_graph_max_bs.ordered", "sweep.params.cuda_graph_max_bs.choices=[64,big,128]"],
+         "cuda_graph_max_bs takes whole numbers only"),
+        # the campaign declares its graph sizes ordered: a non-number among them is refused there first
+        (["sweep.params.cuda_graph_max_bs.choices=[64,big,128]"],
+         "sweep.params.cuda_graph_max_bs.choices: [64, 'big', 128] are not numbers in ascending order"),
         (["~sweep.params.cuda_graph_max_bs.choices", "sweep.params.cuda_graph_max_bs.type=float",
           "+sweep.params.cuda_graph_max_bs.low=63.5", "+sweep.params.cuda_graph_max_bs.high=600"],
          "parses cuda_graph_max_bs as an int"),

@@ -200,6 +200,35 @@ def test_the_level_model_of_a_minimised_objective_and_of_no_trial():
     assert LevelModel({}, {}, 0.0).gain({"a": 1}, {"a": 2}) == 0.0
 
 
+def test_an_untried_level_of_an_ordered_knob_is_read_from_its_neighbours():
+    """Three, four and six draft steps measured in falling order: two steps (one beyond the
+    tried range) is worth the trend's next step, one step no more than that; a level between two
+    tried ones is their mean; an untried level of a categorical knob is worth nothing."""
+    from sweeps.config.objective import ObjectiveSet
+    from sweeps.search.untried import level_model, ordered_knobs
+
+    objs = ObjectiveSet.from_config("decode_tok_s", "maximize")
+    space = parse_space({"steps": {"type": "int", "low": 1, "high": 8}, "algo": {"type": "categorical", "choices": ["a", "b"]},
+                         "on": {"type": "categorical", "choices": [True, False]}}, [])
+    assert ordered_knobs(space) == {"steps"}
+    recs = _recs([({"steps": 3, "algo": "a", "on": True}, 112.0), ({"steps": 4, "algo": "a", "on": True}, 104.0),
+                  ({"steps": 6, "algo": "b", "on": True}, 95.0)])
+    model = level_model(recs, objs, ordered_knobs(space))
+    e3, e4, e6 = (model.effect("steps", n) for n in (3, 4, 6))
+    assert e3 > e4 > e6
+    assert model.effect("steps", 2) == pytest.approx(2 * e3 - e4) and model.effect("steps", 2) > e3
+    assert model.effect("steps", 1) == model.effect("steps", 2)  # one step of the trend, however far
+    assert model.effect("steps", 5) == pytest.approx((e4 + e6) / 2)
+    assert model.effect("steps", 8) == pytest.approx(2 * e6 - e4) and model.effect("steps", 8) < e6
+    assert model.effect("algo", "c") == 0.0 and model.effect("on", False) == 0.0
+    # one tried level is no trend, and a categorical's numbers are no order
+    assert level_model(_recs([({"steps": 3}, 100.0)]), objs, {"steps"}).effect("steps", 2) == 0.0
+    assert level_model(recs, objs).effect("steps", 2) == 0.0
+    # the draw takes the trend's side: from three steps, two before five's neighbour six
+    assert model.gain({"steps": 2, "algo": "a", "on": True}, {"steps": 3, "algo": "a", "on": True}) > \
+        model.gain({"steps": 5, "algo": "a", "on": True}, {"steps": 3, "algo": "a", "on": True})
+
+
 def test_draw_rejection_samples_a_continuous_space():
     space = parse_space({"x": {"type": "float", "low": 0.0, "high": 1.0}, "k": {"type": "categorical", "choices": ["a"]}},
                         [{"name": "upper", "expr": "x > 0.5"}])

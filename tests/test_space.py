@@ -36,7 +36,17 @@ BAD = [
     ({"k": {"type": "int", "low": 1, "high": 2, "sigma": 3}}, "unknown field(s) ['sigma']"),
     ({"k": {"type": "int", "low": 1, "high": 2, "when": {"missing": 1}}}, "params.k.when refers to 'missing'"),
     ({}, "params is empty"),
+    ({"k": {"type": "categorical", "choices": [8, 512, 128], "ordered": True}},
+     "params.k.choices: [8, 512, 128] are not numbers in ascending order"),
+    ({"k": {"type": "categorical", "choices": ["nccl", "custom"], "ordered": True}}, "or drop ordered"),
+    ({"k": {"type": "categorical", "choices": [1, 2], "ordered": "yes"}}, "params.k.ordered='yes': use true or false"),
 ]
+
+
+def test_which_params_are_ordered():
+    space = parse_space({"bs": {"choices": [8, 128, 512], "ordered": True}, "topk": {"choices": [1, 2, 4]},
+                         "steps": {"type": "int", "low": 1, "high": 5}, "frac": {"type": "float", "low": 0.1, "high": 0.9}})
+    assert [p.name for p in space.params if p.is_ordered] == ["bs", "steps", "frac"]
 
 
 @pytest.mark.parametrize("params,msg", BAD)

@@ -52,6 +52,10 @@ class ParamSpec:
         log: sample on a log scale (int/float, ``low > 0``).
         step: grid step for int/float (not with ``log``).
         when: activation condition ``{parent: value | [values]}``; None = always active.
+        ordered: the levels are ordered quantities (a categorical of graph batch sizes or top-k
+            widths, its numeric choices listed ascending): the search reads an untried level from
+            its tried neighbours (:class:`sweeps.search.untried.LevelModel`). Always true for
+            int and float params; false for a categorical unless declared.
     """
 
     name: str
@@ -62,6 +66,12 @@ class ParamSpec:
     log: bool = False
     step: float | None = None
     when: Mapping[str, tuple[Any, ...]] | None = None
+    ordered: bool = False
+
+    @property
+    def is_ordered(self) -> bool:
+        """An int or float param, or a categorical declared ``ordered``."""
+        return self.type in ("int", "float") or self.ordered
 
     def active(self, params: Mapping[str, Any]) -> bool:
         """True when every ``when`` parent currently holds one of its activating values."""
@@ -246,6 +256,19 @@ def _as_when(raw: Any, where: str, known: list[str]) -> dict[str, tuple[Any, ...
     return out
 
 
+def _as_ordered(raw: Mapping[str, Any], typ: str, where: str) -> bool:
+    """``ordered`` of a param: a bool; on a categorical, only over numeric choices listed ascending."""
+    val = raw.get("ordered", False)
+    if not isinstance(val, bool):
+        raise SpaceError(f"{where}.ordered={val!r}: use true or false")
+    if val and typ == "categorical":
+        ch = list(raw.get("choices") or ())
+        if not all(isinstance(c, int | float) and not isinstance(c, bool) for c in ch) or ch != sorted(ch):
+            raise SpaceError(f"{where}.choices: {ch} are not numbers in ascending order, which this param's "
+                             f"ordered: true needs; list numbers in ascending order, or drop ordered")
+    return bool(val)
+
+
 def parse_space(params: Mapping[str, Any], constraints: Iterable[Mapping[str, Any]] = ()) -> SearchSpace:
     """Build a :class:`SearchSpace` from the plain dicts of a sweep config.
 
@@ -259,7 +282,7 @@ def parse_space(params: Mapping[str, Any], constraints: Iterable[Mapping[str, An
         where = f"params.{name}"
         if not isinstance(raw, Mapping):
             raise SpaceError(f"{where} must be a mapping with a 'type' field")
-        extra = set(raw) - {"type", "choices", "low", "high", "log", "step", "when"}
+        extra = set(raw) - {"type", "choices", "low", "high", "log", "step", "when", "ordered"}
         if extra:
             raise SpaceError(f"{where}: unknown field(s) {sorted(extra)}")
         typ = raw.get("type")
@@ -276,6 +299,7 @@ def parse_space(params: Mapping[str, Any], constraints: Iterable[Mapping[str, An
             log=bool(raw.get("log", False)),
             step=raw.get("step"),
             when=_as_when(raw.get("when"), where, [s.name for s in specs]),
+            ordered=_as_ordered(raw, typ, where),
         )
         to_distribution(spec)  # validate now
         specs.append(spec)
