@@ -119,6 +119,13 @@ def test_an_unknown_key_under_an_open_mapping_is_told_to_add_it_with_a_plus():
         "to add one, write +sweep.params.bogus_knob={type:categorical,choices:[a,b]} (nothing was started)")
 
 
+def test_a_params_optional_field_it_leaves_out_is_told_to_add_it_with_a_plus():
+    assert precheck(CONF, ["sweep=smoke", "sweep.params.cuda_graph_max_bs.ordered=true"]) == (
+        "servesweep: unknown config key 'sweep.params.cuda_graph_max_bs.ordered': sweep.params.cuda_graph_max_bs "
+        "does not set its optional field 'ordered'; to add it, write +sweep.params.cuda_graph_max_bs.ordered=true "
+        "(nothing was started)")
+
+
 def test_an_unknown_key_of_a_fixed_section_lists_its_keys_not_a_far_guess():
     msg = precheck(CONF, ["sweep.bogus=1"])
     assert "sweep has no key 'bogus'; its keys: " in msg and "baseline, budget" in msg and "budget=1" not in msg

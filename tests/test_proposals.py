@@ -48,6 +48,19 @@ def test_budget_of_60_launches_60_distinct_configs_on_the_campaign_space(tmp_pat
             seen.add(records.config_key(r.params))
 
 
+def test_a_stepped_float_is_one_config_however_optuna_rounds_it(tmp_path):
+    """Optuna suggests 0.7 + 1 x 0.1 as 0.7999999999999999 where the space's levels say 0.8: one
+    config, one key, never launched twice."""
+    assert records.config_key({"f": 0.7999999999999999}) == records.config_key({"f": 0.8})
+    assert records.config_key({"f": 0.8}) != records.config_key({"f": 0.9})
+    drv = run_in_process(_spec(tmp_path, "sweep=smoke", "sweep.budget.trials=10", "sweep.budget.max_asks=300",
+                               "+sweep.params.mem_fraction_static={type: float, low: 0.7, high: 0.9, step: 0.1}",
+                               "+sweep.baseline.mem_fraction_static=0.8"))
+    launched = [r for r in records.load_records(drv.study) if r.launched]
+    keys = Counter(records.config_key(r.params) for r in launched)
+    assert len(launched) >= 6 and len(keys) == len(launched), [k for k, n in keys.items() if n > 1]
+
+
 def test_exhausted_means_nothing_untried_and_feasible_is_left(tmp_path):
     # smoke: 3 allreduce levels x 3 graph sizes; flashinfer_fusion fails on SM120 (a rule then
     # refuses its other sizes) and custom silently degrades to NCCL (its other sizes are skipped)
@@ -221,6 +234,10 @@ def test_an_untried_level_of_an_ordered_knob_is_read_from_its_neighbours():
     assert model.effect("steps", 5) == pytest.approx((e4 + e6) / 2)
     assert model.effect("steps", 8) == pytest.approx(2 * e6 - e4) and model.effect("steps", 8) < e6
     assert model.effect("algo", "c") == 0.0 and model.effect("on", False) == 0.0
+    # a tried level written as another number type is that level
+    assert model.effect("steps", 4.0) == e4 and model.effect("steps", 3.5) == pytest.approx((e3 + e4) / 2)
+    two = level_model(_recs([({"g": 64}, 100.0), ({"g": 512}, 90.0)]), objs, {"g"})
+    assert two.effect("g", 64.0) == two.effect("g", 64) and two.effect("g", 32.0) > two.effect("g", 64)
     # one tried level is no trend, and a categorical's numbers are no order
     assert level_model(_recs([({"steps": 3}, 100.0)]), objs, {"steps"}).effect("steps", 2) == 0.0
     assert level_model(recs, objs).effect("steps", 2) == 0.0

@@ -40,6 +40,7 @@ BAD = [
      "params.k.choices: [8, 512, 128] are not numbers in ascending order"),
     ({"k": {"type": "categorical", "choices": ["nccl", "custom"], "ordered": True}}, "or drop ordered"),
     ({"k": {"type": "categorical", "choices": [1, 2], "ordered": "yes"}}, "params.k.ordered='yes': use true or false"),
+    ({"k": {"type": "categorical", "choices": 8}}, "params.k.choices=8: list the levels, e.g. choices: [8]"),
 ]
 
 
@@ -146,3 +147,19 @@ def test_log_int_levels_are_every_integer_the_sampler_can_draw():
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     drawn = {space.sample(study.ask())["k"] for _ in range(300)}
     assert drawn <= set(p.levels()) and len(drawn) > 6  # not only 3, 6, 12, 24
+
+
+def test_ordered_leaves_a_studys_space_signature_alone():
+    """``ordered`` changes how the search reads results, not the configs: a study started before
+    a sweep declared it resumes (its signature is the one computed without the field)."""
+    from sweeps.config.spec import load_spec
+    from sweeps.store.study import space_signature
+    from tests.conftest import compose_cfg
+
+    declared = load_spec(compose_cfg(["sweep=eagle3_allreduce"]))
+    plain = load_spec(compose_cfg(["sweep=eagle3_allreduce", "~sweep.params.cuda_graph_max_bs.ordered",
+                                   "~sweep.params.eagle_topk.ordered"]))
+    assert declared.space != plain.space  # the field is read
+    assert space_signature(declared) == space_signature(plain)
+    other = load_spec(compose_cfg(["sweep=eagle3_allreduce", "sweep.params.cuda_graph_max_bs.choices=[8,128,512]"]))
+    assert space_signature(other) != space_signature(declared)

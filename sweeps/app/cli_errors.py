@@ -68,6 +68,9 @@ def _compose(conf_dir: Path, overrides: list[str]) -> Any:
 #: mappings whose entries are the user's to add (a knob, a baseline value, a server variable):
 #: Hydra adds a new one with "+"; every other section has a fixed set of keys
 _OPEN_MAPPINGS = ("sweep.params", "sweep.baseline", "backend.env")
+#: the fields a param of the space may set (sweeps.config.space.parse_space): one it leaves out is
+#: added with "+" too
+_PARAM_FIELDS = ("type", "choices", "low", "high", "log", "step", "when", "ordered")
 
 
 def unknown_key_message(conf_dir: Path, overrides: list[str], key: str) -> str:
@@ -87,6 +90,8 @@ def unknown_key_message(conf_dir: Path, overrides: list[str], key: str) -> str:
         hint = f"did you mean {parent + '.' if parent else ''}{near[0]}={value}?"
     elif parent in _OPEN_MAPPINGS:
         hint = f"{parent} has no entry '{leaf}' yet; to add one, write +{key}={value}"
+    elif parent.rpartition(".")[0] == "sweep.params" and leaf in _PARAM_FIELDS:
+        hint = f"{parent} does not set its optional field '{leaf}'; to add it, write +{key}={value}"
     elif parent and any(k.startswith(parent + ".") for k in keys):
         hint = f"{parent} has no key '{leaf}'; its keys: {', '.join(sorted(set(siblings)))}"
     elif (best := closest(key, keys)) is not None:

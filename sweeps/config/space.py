@@ -98,9 +98,9 @@ class ParamSpec:
             # Optuna's IntDistribution(log=True) samples every integer in [low, high] (log only
             # shapes the density), so enumeration, feasibility and seeding see every integer too.
             return list(range(int(low), int(high) + 1, int(self.step or 1)))
-        if self.step:
+        if self.step:  # floats, whatever the bounds' type: Optuna suggests floats (0.0, never 0)
             n = int(round((high - low) / self.step))
-            return [round(low + i * self.step, 10) for i in range(n + 1)]
+            return [float(round(low + i * self.step, 10)) for i in range(n + 1)]
         raise SpaceError(f"params.{self.name}: a continuous float has no finite levels")
 
 
@@ -285,6 +285,9 @@ def parse_space(params: Mapping[str, Any], constraints: Iterable[Mapping[str, An
         extra = set(raw) - {"type", "choices", "low", "high", "log", "step", "when", "ordered"}
         if extra:
             raise SpaceError(f"{where}: unknown field(s) {sorted(extra)}")
+        ch = raw.get("choices")
+        if ch is not None and (isinstance(ch, str | bytes | Mapping) or not isinstance(ch, Iterable)):
+            raise SpaceError(f"{where}.choices={ch!r}: list the levels, e.g. choices: [{ch!r}]")
         typ = raw.get("type")
         if typ is None:
             typ = "categorical" if "choices" in raw else None

@@ -195,9 +195,14 @@ class LevelModel:
         if key in self.effects:
             return self.effects[key]
         tried = self.ordinal.get(knob, ())
-        if len(tried) < 2 or not _numeric(level):
+        if not _numeric(level):
             return 0.0
         x = float(level)
+        same = next((e for v, e in tried if v == x), None)
+        if same is not None:  # a tried level written otherwise (64.0 for 64)
+            return same
+        if len(tried) < 2:
+            return 0.0
         below = [(v, e) for v, e in tried if v < x]
         above = [(v, e) for v, e in tried if v > x]
         if below and above:

@@ -55,9 +55,18 @@ A_PROBE = "probe"
 A_EQUAL_FOOTING = "equal_footing"
 
 
-def config_key(params: dict[str, Any]) -> str:
-    """Canonical JSON of a config's active params (sorted keys): equal configs, equal keys."""
-    return json.dumps(params, sort_keys=True, default=str)
+def config_key(params: Mapping[str, Any]) -> str:
+    """Canonical JSON of a config's active params (sorted keys): equal configs, equal keys.
+
+    Floats are rounded to :data:`KEY_DECIMALS` decimals first: Optuna suggests a stepped float as
+    ``low + k * step`` (0.7999999999999999) where the space's own levels round it (0.8), and
+    the two must be one config."""
+    return json.dumps({k: round(v, KEY_DECIMALS) if isinstance(v, float) else v for k, v in params.items()},
+                      sort_keys=True, default=str)
+
+
+#: decimals a float keeps in :func:`config_key` (the rounding of ``ParamSpec.levels``)
+KEY_DECIMALS = 10
 
 
 #: the key of a re-question trial's probe record (and trial attribute) naming what it questions

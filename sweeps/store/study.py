@@ -42,9 +42,17 @@ IDENTITY_ATTR = "identity"
 FEASIBLE = "feasible"
 
 
+#: Param fields that change how the search reads its results, never which configs the space holds
+#: or how they are sampled: a study resumes across them (``ordered``: :class:`sweeps.config.space.ParamSpec`).
+SEARCH_ONLY_FIELDS = frozenset({"ordered"})
+
+
 def space_signature(spec: SweepSpec) -> str:
-    """Hash (16 hex) of the search space (params + constraints) that a resumed study must match."""
-    body = json.dumps({"params": spec.sweep.params, "constraints": spec.sweep.constraints}, sort_keys=True, default=str)
+    """Hash (16 hex) of the search space (params + constraints) that a resumed study must match
+    (the fields of :data:`SEARCH_ONLY_FIELDS` left out)."""
+    params = {name: {k: v for k, v in raw.items() if k not in SEARCH_ONLY_FIELDS} if isinstance(raw, Mapping) else raw
+              for name, raw in spec.sweep.params.items()}
+    body = json.dumps({"params": params, "constraints": spec.sweep.constraints}, sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
