@@ -295,6 +295,16 @@ def test_a_tie_the_race_could_not_decide_asks_for_a_higher_cap(tmp_path):
     assert "sweep.confirm.max_repeats=16" in sec and "sweep.confirm.repeats=" not in sec
 
 
+def test_a_tie_of_a_confirmation_without_a_race_asks_for_more_repeats_not_a_higher_cap(tmp_path):
+    """race: false stops each config at its repeats (stored as the cap): raising max_repeats alone
+    changes nothing, so the next step raises repeats (and the cap with it, which must not be below)."""
+    conf = {**CONF, "repeats": 3, "max_repeats": 3, "decision": {"status": "budget_spent"}}
+    sec = render_section(ctx(tmp_path, conf=conf), sweep())[0].split("### Next steps")[1]
+    assert "The confirmation ran each config its `repeats` (3), with no race." in sec
+    assert "sweep.confirm.repeats=6 sweep.confirm.max_repeats=6`" in sec and "ran them to its cap" not in sec
+    assert "adding the overrides the sweep ran with" in sec
+
+
 @pytest.mark.parametrize("status", ["pick_decided", "equivalent", "separated"])
 def test_a_pick_the_race_decided_asks_for_no_more_repeats(tmp_path, status):
     """Overlapping intervals whose pick the race decided (ranked after the pick with no room to

@@ -115,7 +115,13 @@ def _tie_lines(ctx: Context) -> list[str]:
     at_cap = sum(n >= cap for n in ns) if cap else 0
     status = (conf.get("decision") or {}).get("status")
     runs = f"{min(ns)}" if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}"
-    if cap and at_cap == len(ns):
+    more = max(2 * rep, rep + 3)
+    if cap and cap <= rep:
+        # no race (sweep.confirm.race false: the cap is the repeats): only more repeats add runs,
+        # and a max_repeats below them would refuse the config
+        why, flag = (f" The confirmation ran each config its `repeats` ({rep}), with no race.",
+                     f"sweep.confirm.repeats={more} sweep.confirm.max_repeats={more}")
+    elif cap and at_cap == len(ns):
         # the race already ran each config to its cap: only a higher cap adds repeats (they accumulate)
         why, flag = (f" The race ran them to its cap (`max_repeats`, {cap} per config).",
                      f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}")
@@ -129,11 +135,11 @@ def _tie_lines(ctx: Context) -> list[str]:
         why, flag = (f" The race's launch budget ran out with them at {runs} runs (`max_repeats` {cap} per config).",
                      f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}")
     else:
-        why, flag = "", f"sweep.confirm.repeats={max(2 * rep, rep + 3)}"
+        why, flag = "", f"sweep.confirm.repeats={more}" + (f" sweep.confirm.max_repeats={more}" if cap and cap < more else "")
     desc = "; ".join(_with_runs(e) for e in ties)
     return [f"- **Ties that need more repeats**: the winner {_with_runs(win)} overlaps {desc}.{why} "
-            f"Re-run the confirmation with more: `{PYTHON} run_sweep.py sweep={ctx.sweep or ctx.study} "
-            f"study_name={ctx.study} {flag}`."]
+            f"Re-run the confirmation with more, adding the overrides the sweep ran with: "
+            f"`{PYTHON} run_sweep.py sweep={ctx.sweep or ctx.study} study_name={ctx.study} {flag}`."]
 
 
 def _with_runs(e: Mapping[str, Any]) -> str:
