@@ -225,7 +225,7 @@ PHASE_NAMES = {None: "start", "dist_init": "distributed init", "dist_ready": "di
                "load": "weights", "loaded": "weights loaded", "compile": "torch.compile",
                "kv_cache": "KV cache", "capture": "graph capture", "captured": "graph capture done",
                "api_up": "API server up", "ready": "ready", "serving": "serving a batch",
-               "first_request": "first request", "result": "results printed"}
+               "first_request": "requests served", "result": "results printed"}
 
 
 class _Log:
@@ -644,6 +644,13 @@ def _failed_report(log: _Log) -> int | None:
     return None
 
 
+#: A readiness or metadata probe answered (Kubernetes' /health, a client's /v1/models): the API
+#: server is up, but it answers these while its engine hangs (vLLM V1's API server, vllm#36451),
+#: so they are no request served past an error.
+_PROBE = re.compile(r'"GET /(?:health|health_generate|v1/models|get_model_info|model_info|get_server_info|server_info'
+                    r'|metrics|ping)\b[^"]*" 200\b')
+
+
 def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
     """The server served requests (SGLang's / vLLM's per-batch lines, a request answered) after
     line ``i`` and before the next fatal event (``past_all``: after every fatal event of the log):
@@ -662,7 +669,7 @@ def _served_after(log: _Log, i: int, *, past_all: bool) -> bool:
     failed = log.failed_requests
     served = ("first_request",) if v.severity[start] == FATAL or start in failed else ("first_request", "result")
     for j in range(start + 1, len(keys)):
-        if log.form_stage[keys[j]] in served:
+        if log.form_stage[keys[j]] in served and not _PROBE.search(v.body(j)):
             return True
         if j in failed:
             served = ("first_request",)

@@ -93,7 +93,7 @@ BENCH = ("============ Serving Benchmark Result ============\n"  # vllm-project/
 
 
 def test_a_benchmark_result_is_serving():
-    _reads(BENCH, "healthy", "first request")
+    _reads(BENCH, "healthy", "requests served")
 
 
 def test_a_route_list_is_vllms_api_server_up():
@@ -127,7 +127,7 @@ def test_a_thread_dump_after_serving_is_not_healthy():
            'Thread 499 (idle): "MainThread"\n'
            "    replay (npu_graph_runner.py:82)\n"
            "    run_batch (scheduler.py:1987)\n")
-    c = _reads(log, "unknown", "first request")
+    c = _reads(log, "unknown", "requests served")
     assert "Pyspy dump" in c.line
 
 
@@ -136,7 +136,7 @@ def test_requests_running_with_no_token_made_is_a_stall():
     head = "INFO 09-10 09:54:45 async_llm_engine.py:206] Added request cmpl-5feb07c5-0.\n"
     stalled = ("INFO 09-10 09:55:01 metrics.py:351] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
                "0.0 tokens/s, Running: 2 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 0.0%\n")
-    _reads(head + stalled * 3, "bench_stall", "first request")
+    _reads(head + stalled * 3, "bench_stall", "requests served")
     # vLLM v1's idle server (vllm-project/vllm#26349's log): nothing running, healthy
     idle = ("(APIServer pid=19189) INFO 10-06 11:27:21 [loggers.py:127] Engine 000: Avg prompt throughput: 0.0 "
             "tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs\n")
@@ -1496,3 +1496,15 @@ def test_a_failed_ib_completion_yields_to_a_crash_before_it_not_to_one_after_it(
     ima = "gpu5:35917:35917 [1] init.cu:194 NCCL WARN Cuda failure 'an illegal memory access was encountered'\n"
     assert classify(ib + ima).failure_class == "nccl_network_error"
     assert classify(ima + ib).failure_class == "cuda_illegal_memory_access"
+
+
+def test_a_health_probe_answered_is_no_request_served_past_a_hang():
+    # vLLM V1's API server answers /health while its engine core hangs (vllm#36451): a probe
+    # between or after the hang notices is no sign the engine went on
+    probe = '(APIServer pid=1) INFO:     10.0.0.3:5112 - "GET /health HTTP/1.1" 200 OK\n'
+    compiling = "(EngineCore_DP0 pid=7) INFO 01-01 00:00:01 [backends.py:1] Compiling a graph for dynamic shape\n"
+    assert classify(compiling + _SHM + probe + _SHM).failure_class == "engine_hang_detected"
+    assert classify(compiling + _SHM + probe).failure_class == "engine_hang_detected"
+    # a request served after the notice still is
+    served = '(APIServer pid=1) INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+    assert classify(compiling + _SHM + served).failure_class != "engine_hang_detected"
