@@ -110,7 +110,7 @@ def test_the_race_stops_for_contenders_that_cannot_change_the_pick():
     assert decision.non_inferior(lead, rival, 0.9, True, 0.95) and not decision.non_inferior(rival, lead, 0.3, True, 0.95)
     done = decision.decide([base, _c(1, lead, non_default=1), _c(2, rival, non_default=2)], True, 0.01, 0.95, 8)
     assert done.status == "pick_decided" and done.pick == 1 and not done.more
-    assert done.relation[2] == "undecided" and done.tie_group == [1, 2]
+    assert done.relation[2] == "undecided" and done.tie_group == [1, 2] and done.settled == [2]
     assert "t2 neither separated from t1 nor shown equivalent, but ranked after the pick" in done.reason
     # further from the baseline's numeric settings ranks after too
     far = decision.decide([base, _c(1, lead, non_default=1, departure=2.0), _c(2, rival, non_default=1, departure=3.0)],
@@ -119,7 +119,7 @@ def test_the_race_stops_for_contenders_that_cannot_change_the_pick():
     # noisier: the rival might still be more than 1 % better than the pick, so both race
     noisy = decision.decide([base, _c(1, [90, 91, 89], non_default=1), _c(2, [89.5, 90.5, 88.5], non_default=2)],
                             True, 0.01, 0.95, 8)
-    assert noisy.status == "racing" and sorted(noisy.more) == [1, 2]
+    assert noisy.status == "racing" and sorted(noisy.more) == [1, 2] and noisy.settled == []
     # a rival that ties the pick on the tie-break's keys: the mean decides, so it races
     tie = decision.decide([base, _c(1, lead, non_default=1), _c(2, rival, non_default=1)], True, 0.01, 0.95, 8)
     assert tie.status == "racing" and sorted(tie.more) == [1, 2]

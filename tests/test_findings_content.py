@@ -305,6 +305,17 @@ def test_a_tie_of_a_confirmation_without_a_race_asks_for_more_repeats_not_a_high
     assert "adding the overrides the sweep ran with" in sec
 
 
+def test_a_contender_the_race_settled_is_no_tie_that_needs_repeats(tmp_path):
+    """A race that ended with its budget spent on some contenders and settled others (ranked
+    after the pick, which is non-inferior to them): only the open ones need more repeats."""
+    conf = {**CONF, "max_repeats": 8, "decision": {"status": "budget_spent", "settled": [1]},
+            "entries": [{**e, "n": 3 if e["is_baseline"] else 8} for e in CONF["entries"]]}
+    sec = render_section(ctx(tmp_path, conf=conf), sweep())[0].split("### Next steps")[1]
+    assert "Ties that need more repeats" not in sec
+    opened = {**conf, "decision": {"status": "budget_spent", "settled": []}}
+    assert "overlaps t1 88.6" in render_section(ctx(tmp_path, conf=opened), sweep())[0]
+
+
 @pytest.mark.parametrize("status", ["pick_decided", "equivalent", "separated"])
 def test_a_pick_the_race_decided_asks_for_no_more_repeats(tmp_path, status):
     """Overlapping intervals whose pick the race decided (ranked after the pick with no room to

@@ -862,7 +862,8 @@ def summarize(todo: list[tuple[trial_records.TrialRecord, bool]], results: Mappi
             "entries": entries, "winner": winner["trial"] if winner else None,
             "tie_group": list(dec.tie_group), "decision_reason": reason,
             "decision": {"status": status, "reason": reason, "leader": dec.leader, "pick": dec.pick,
-                         "tie_group": list(dec.tie_group), "tie_break": decision_stats.TIE_BREAK, "more": list(dec.more)},
+                         "tie_group": list(dec.tie_group), "tie_break": decision_stats.TIE_BREAK, "more": list(dec.more),
+                         "settled": list(dec.settled)},
             "winner_note": _note(winner, eligible, todo, obj, confidence, dec)}
 
 

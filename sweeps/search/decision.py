@@ -17,7 +17,8 @@ the race, the others are as before::
      "decision": {"status": "separated" | "equivalent" | "pick_decided" | "budget_spent" |
                             "undecidable" | "single",
                   "reason": str, "leader": trial, "pick": trial, "tie_group": [trials],
-                  "tie_break": str} (new),
+                  "tie_break": str, "settled": [trials: undecided, but more repeats could not
+                  change the pick]} (new),
      "decision_reason" (new: == decision["reason"]),
      "launches" (new): [{"trial", "repeat" (0-based, per trial, over all rounds), "round",
                          "status", "value", "failure", "metrics", "wall_s",
@@ -201,7 +202,9 @@ class Contender:
 class Decision:
     """The race's state: ``status`` (``"separated"``, ``"equivalent"``, ``"budget_spent"``,
     ``"single"`` or ``"racing"``), the leader, per trial its relation to the leader, the
-    tie group (pick first), the pick and the trials that need another repeat."""
+    tie group (pick first), the pick, the trials that need another repeat, and the undecided
+    contenders more repeats could not change the pick for (``settled``: ranked after the pick,
+    which is non-inferior to them; :func:`can_change_pick`)."""
 
     status: str
     leader: int | None
@@ -210,6 +213,7 @@ class Decision:
     pick: int | None = None
     more: list[int] = field(default_factory=list)
     reason: str = ""
+    settled: list[int] = field(default_factory=list)
 
 
 def is_number(x: object) -> bool:
@@ -481,7 +485,7 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
         reason += _rest_of_group(group, open_, left, rel, lead, pct, confidence)
     if len(group) > 1:
         reason += f" Tie group {', '.join(f't{t}' for t in tie)}; {pick_sentence(chosen.trial, decided_by(group, chosen))}"
-    return Decision(status, lead.trial, rel, tie, chosen.trial, [], reason)
+    return Decision(status, lead.trial, rel, tie, chosen.trial, [], reason, [c.trial for c in left])
 
 
 def _rest_of_group(group: Sequence[Contender], open_: Sequence[Contender], left: Sequence[Contender],

@@ -105,8 +105,11 @@ def _tie_lines(ctx: Context) -> list[str]:
     win = next((e for e in conf.get("entries", []) if e.get("trial") == conf.get("winner")), None)
     if win is None or (conf.get("decision") or {}).get("status") in DECIDED:
         return []
+    # a contender the race left undecided but could not change the pick with (settled) needs no repeats
+    settled = set((conf.get("decision") or {}).get("settled") or [])
     ties = [e for e in conf.get("entries", []) if e is not win and not e.get("is_baseline")
-            and e.get("tokens_match") is not False and e.get("n") and _overlaps(win, e)]
+            and e.get("tokens_match") is not False and e.get("n") and _overlaps(win, e)
+            and e.get("trial") not in settled]
     if not ties:
         return []
     rep = int(conf.get("repeats") or 0)
