@@ -70,7 +70,7 @@ def _err(overrides):
          "cuda_graph_max_bs takes whole numbers only"),
         # the campaign declares its graph sizes ordered: a non-number among them is refused there first
         (["sweep.params.cuda_graph_max_bs.choices=[64,big,128]"],
-         "sweep.params.cuda_graph_max_bs.choices: [64, 'big', 128] are not numbers in ascending order"),
+         "sweep.params.cuda_graph_max_bs.choices: [64, 'big', 128] are not all numbers"),
         (["~sweep.params.cuda_graph_max_bs.choices", "sweep.params.cuda_graph_max_bs.type=float",
           "+sweep.params.cuda_graph_max_bs.low=63.5", "+sweep.params.cuda_graph_max_bs.high=600"],
          "parses cuda_graph_max_bs as an int"),

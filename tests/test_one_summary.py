@@ -395,9 +395,14 @@ def test_the_summary_answers_the_sweeps_question_per_approach():
     recs = [rec(0, "none", 80.0, is_baseline=True), rec(1, "none", 90.0), rec(2, "eagle3", 58.0), rec(3, "eagle3", 60.0)]
     s = build_summary("s", Objective(), recs, approaches=("speculative", ["none", "eagle3"]))
     text = s.approaches_text()
-    assert text == ("approaches (speculative): none 90.0 tok/s (t1, the winner), 1.12x baseline; eagle3 best 60.0 "
-                    "tok/s (t3), 0.75x baseline: does not beat the baseline"), text
+    assert text == ("approaches (speculative): none 90.0 tok/s (t1, the winner, one run), 1.12x baseline; eagle3 best "
+                    "60.0 tok/s (t3, one run), 0.75x baseline: does not beat the baseline"), text
     assert text in s.lines() and text in s.markdown()
+    # a confirmed winner is said to be a confirmed mean, the other approach's best still one run
+    conf = {"winner": 1, "entries": [{"trial": 1, "n": 4, "mean": 89.5, "ci_low": 88.0, "ci_high": 91.0}]}
+    confirmed = build_summary("s", Objective(), recs, conf, approaches=("speculative", ["none", "eagle3"]))
+    assert "none 89.5 tok/s (t1, the winner, confirmed mean)" in confirmed.approaches_text()
+    assert "eagle3 best 60.0 tok/s (t3, one run)" in confirmed.approaches_text()
     alone = build_summary("s", Objective(), recs[:2], approaches=("speculative", ["none", "eagle3"]))
     assert alone.approaches_text().endswith("; eagle3 never measured")
     assert build_summary("s", Objective(), recs).approaches_text() is None  # no approaches: no line

@@ -37,8 +37,11 @@ BAD = [
     ({"k": {"type": "int", "low": 1, "high": 2, "when": {"missing": 1}}}, "params.k.when refers to 'missing'"),
     ({}, "params is empty"),
     ({"k": {"type": "categorical", "choices": [8, 512, 128], "ordered": True}},
-     "params.k.choices: [8, 512, 128] are not numbers in ascending order"),
-    ({"k": {"type": "categorical", "choices": ["nccl", "custom"], "ordered": True}}, "or drop ordered"),
+     "params.k.choices: [8, 512, 128] are not in strictly ascending order"),
+    ({"k": {"type": "categorical", "choices": [64, 64, 128], "ordered": True}}, "list each number once"),
+    ({"k": {"type": "categorical", "choices": ["64", "128"], "ordered": True}},
+     "params.k.choices: ['64', '128'] are not all numbers, which this param's ordered: true needs (write 64, not '64')"),
+    ({"k": {"type": "int", "low": 1, "high": 4, "ordered": False}}, "params.k.ordered: false: an int param is always ordered"),
     ({"k": {"type": "categorical", "choices": [1, 2], "ordered": "yes"}}, "params.k.ordered='yes': use true or false"),
     ({"k": {"type": "categorical", "choices": 8}}, "params.k.choices=8: list the levels, e.g. choices: [8]"),
 ]

@@ -261,11 +261,17 @@ def _as_ordered(raw: Mapping[str, Any], typ: str, where: str) -> bool:
     val = raw.get("ordered", False)
     if not isinstance(val, bool):
         raise SpaceError(f"{where}.ordered={val!r}: use true or false")
+    if "ordered" in raw and not val and typ in ("int", "float"):
+        raise SpaceError(f"{where}.ordered: false: {'an' if typ == 'int' else 'a'} {typ} param is always ordered; "
+                         f"drop the field")
     if val and typ == "categorical":
         ch = list(raw.get("choices") or ())
-        if not all(isinstance(c, int | float) and not isinstance(c, bool) for c in ch) or ch != sorted(ch):
-            raise SpaceError(f"{where}.choices: {ch} are not numbers in ascending order, which this param's "
-                             f"ordered: true needs; list numbers in ascending order, or drop ordered")
+        if not all(isinstance(c, int | float) and not isinstance(c, bool) for c in ch):
+            raise SpaceError(f"{where}.choices: {ch} are not all numbers, which this param's ordered: true "
+                             f"needs (write 64, not '64'); drop ordered for a categorical of names")
+        if ch != sorted(ch) or len(set(ch)) != len(ch):
+            raise SpaceError(f"{where}.choices: {ch} are not in strictly ascending order, which this param's "
+                             f"ordered: true needs; list each number once, smallest first, or drop ordered")
     return bool(val)
 
 

@@ -244,9 +244,10 @@ class StudySummary:
         return "winner config: " + ", ".join(f"{k}={v}" for k, v in self.winner_config.items())
 
     def approaches_text(self) -> str | None:
-        """``approaches (speculative): none 90.4 tok/s (t7, the winner), 1.10x baseline; eagle3 best
-        59.0 tok/s (t45), 0.72x baseline: does not beat the baseline``: the sweep's question answered
-        per approach, or None for a sweep without approaches."""
+        """``approaches (speculative): none 90.4 tok/s (t7, the winner, confirmed mean), 1.10x
+        baseline; eagle3 best 59.0 tok/s (t45, one run), 0.72x baseline: does not beat the
+        baseline``: the sweep's question answered per approach, each value said to be a confirmed
+        mean or one run, or None for a sweep without approaches."""
         if not self.approaches:
             return None
         base = self.baseline.value
@@ -256,7 +257,9 @@ class StudySummary:
                 parts.append(f"{level} never measured")
                 continue
             won = trial == self.winner
-            text = f"{level} {'' if won else 'best '}{self._v(value)} (t{trial}{', the winner' if won else ''})"
+            # the winner's value is its confirmed mean when confirmed; every other one is one run
+            how = "confirmed mean" if won and self.confirmed else "one run"
+            text = f"{level} {'' if won else 'best '}{self._v(value)} (t{trial}{', the winner' if won else ''}, {how})"
             if base:
                 ratio = self.objective.ratio(value, base)
                 text += f", {ratio:.2f}x baseline" + ("" if ratio > 1 else ": does not beat the baseline")
