@@ -67,10 +67,10 @@ class Signature:
             server becoming ready (a launcher's verdict on a server that failed for a reason of
             its own, or came up after all, is not the cause).
         waited_past: the row's line reports a wait (a hang detector's notice), so it is no
-            verdict when the log shows the work going on after its last such line (a hang
-            repeats the notice): a later line outside any
-            traceback that is not a warning or error and marks a startup milestone or a served
-            request (``Tables.milestones``).
+            verdict when the startup went on after its last such line (a hang repeats the
+            notice): a later line, outside any traceback and below WARN, that marks a startup
+            milestone later than the stage the notice fell in (``Tables.milestones``; a request,
+            a health probe or a throughput line is no such progress).
     """
 
     failure_class: str

@@ -189,8 +189,8 @@ class LevelModel:
         that two are worth trying before another topk. On the ``far`` landscape of
         benchmarks/sweep_efficiency.py (its optimum is one draft step, top-k 2) this took the
         median from 4.25 to 3.44 emulated GPU-h over 11 seeds (3.89 -> 3.77 over 21, whose mean
-        rose 4.78 -> 5.14 with two seeds near 11 GPU-h); the
-        other landscapes did not move, goodput's 21-seed median fell 4.48 -> 3.99."""
+        rose 4.78 -> 5.14 with two seeds near 11 GPU-h); the other landscapes did not move, and
+        goodput's 21-seed median fell 4.48 -> 3.99."""
         key = (knob, repr(level))
         if key in self.effects:
             return self.effects[key]

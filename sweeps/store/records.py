@@ -55,6 +55,10 @@ A_PROBE = "probe"
 A_EQUAL_FOOTING = "equal_footing"
 
 
+#: decimals a float keeps in :func:`config_key` (the rounding of ``ParamSpec.levels``)
+KEY_DECIMALS = 10
+
+
 def config_key(params: Mapping[str, Any]) -> str:
     """Canonical JSON of a config's active params (sorted keys): equal configs, equal keys.
 
@@ -63,10 +67,6 @@ def config_key(params: Mapping[str, Any]) -> str:
     the two must be one config."""
     return json.dumps({k: round(v, KEY_DECIMALS) if isinstance(v, float) else v for k, v in params.items()},
                       sort_keys=True, default=str)
-
-
-#: decimals a float keeps in :func:`config_key` (the rounding of ``ParamSpec.levels``)
-KEY_DECIMALS = 10
 
 
 #: the key of a re-question trial's probe record (and trial attribute) naming what it questions

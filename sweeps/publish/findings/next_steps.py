@@ -89,7 +89,7 @@ def _untried_lines(ctx: Context, recs: Sequence[records.TrialRecord], groups: di
     if out:
         # a number, not a placeholder: the command runs as pasted (a shell reads "<more>" as a redirection)
         more = 2 * ctx.trial_budget if ctx.trial_budget else len(launched) + 10
-        out.append(f"  Continue the study with a larger budget (twice this one's here; the budget counts the "
+        out.append(f"  Continue the study with a larger budget (twice this study's; the budget counts the "
                    f"launches already made), adding the overrides the sweep ran with: `{PYTHON} run_sweep.py "
                    f"sweep={ctx.sweep or ctx.study} study_name={ctx.study} sweep.budget.trials={more}`.")
     return out
