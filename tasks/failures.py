@@ -216,10 +216,10 @@ POLLING_LINES = 2
 #: request served, a measured result (a test's or a benchmark's, with no server line). vLLM's
 #: ``api_up`` counts too, in a vLLM log only (SGLang logs uvicorn's lines before its warmup).
 _UP_STAGES = ("ready", "first_request", "result")
-#: The startup's milestones in the order a server passes them (``milestones`` of
-#: failure_signatures.yaml up to ``ready``; the serving stages after it are not the startup's).
-_STARTUP_ORDER = {name: n for n, name in enumerate(("dist_init", "dist_ready", "load", "loaded", "compile", "kv_cache",
-                                                    "capture", "captured", "api_up", "ready"))}
+#: The startup's milestones in the order a server passes them: the table's ``milestones``, in its
+#: order, up to ``ready`` (the serving stages after it are not the startup's).
+_MILESTONE_NAMES = [name for name, _ in MILESTONES]
+_STARTUP_ORDER = {name: n for n, name in enumerate(_MILESTONE_NAMES[:_MILESTONE_NAMES.index("ready") + 1])}
 #: Human names of the startup milestones (``milestones`` of failure_signatures.yaml).
 PHASE_NAMES = {None: "start", "dist_init": "distributed init", "dist_ready": "distributed init done",
                "load": "weights", "loaded": "weights loaded", "compile": "torch.compile",
@@ -337,8 +337,7 @@ class _Log:
         v = self.view
         out: set[int] = set()
         for row in _WAIT_ROWS:
-            forms = {k for k in v.scan if any(p.search(v.forms[k].body) for p in row.patterns)}
-            hits = [i for i, k in enumerate(v.keys) if k in forms] if forms else []
+            hits = self._lines_matching(*row.patterns)
             if not hits:
                 continue
             at = _STARTUP_ORDER.get(self.stages[hits[-1]], -1)
@@ -349,13 +348,18 @@ class _Log:
             v.severity[i] = min(v.severity[i], WARN)
         return out
 
+    def _lines_matching(self, *pats: re.Pattern[str]) -> list[int]:
+        """Indices, in order, of the scanned lines whose body one of ``pats`` matches (each
+        distinct line searched once)."""
+        v = self.view
+        forms = {k for k in v.scan if any(p.search(v.forms[k].body) for p in pats)}
+        return [i for i, k in enumerate(v.keys) if k in forms] if forms else []
+
     def _first_line(self, pat: re.Pattern[str]) -> int:
         """Index of the first scanned line ``pat`` matches (its body), or the log's length."""
         if pat not in self._first:
-            v = self.view
-            forms = {k for k in v.scan if pat.search(v.forms[k].body)}
-            self._first[pat] = next((i for i, k in enumerate(v.keys) if k in forms), len(v.keys)) if forms \
-                else len(v.keys)
+            hits = self._lines_matching(pat)
+            self._first[pat] = hits[0] if hits else len(self.view.keys)
         return self._first[pat]
 
     def _near(self, pat: re.Pattern[str], i: int) -> bool:
