@@ -389,6 +389,17 @@ def test_two_drivers_on_one_study_neither_crash_nor_rerun(team, tmp_path):
     assert sum(r.budgeted for r in recs) == 4  # the re-question probes are outside the trial budget
 
 
+def _cmdline(p) -> str:
+    """A process's command line, "" once it has exited (a trial's process can end between being
+    listed and being read)."""
+    import psutil
+
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return ""
+
+
 def test_worker_node_killed_mid_trial_reruns_on_the_head(team, tmp_path):
     """Runs last: it kills the worker node (and starts a new one after)."""
     from tests.procs import trial_processes
@@ -398,7 +409,7 @@ def test_worker_node_killed_mid_trial_reruns_on_the_head(team, tmp_path):
     try:
         def two_serving() -> bool:
             assert proc.poll() is None, log.read_text()[-3000:]
-            servers = [p for p in trial_processes(store) if "tasks.emulator.server" in " ".join(p.cmdline())]
+            servers = [p for p in trial_processes(store) if "tasks.emulator.server" in _cmdline(p)]
             return team.running(study) >= 2 and len(servers) >= 2
 
         wait_for(two_serving, 180, what=lambda: log.read_text()[-3000:])  # one per node (8 GPUs each)
