@@ -73,6 +73,9 @@ def test_the_console_line_of_a_re_question_probe_says_it_is_one(tmp_path):
                                        failure_kind="transient"), {}, requestion=True)
     assert "re-question probe interrupted: no answer, the rule stands" in lines[3] and "reproduces" not in lines[3]
     assert "re-question probe failed server_crash: no answer, the rule stands" in lines[4]
+    pub.trial_done(8, cfg, TrialResult(trial_number=8, status="interrupted", phase="load"), {})
+    assert lines[5].startswith("t008 ") and "interrupted in load; its config is re-queued" in lines[5], lines[5]
+    assert "None" not in lines[5]
 
 
 def test_the_closing_table_lists_a_winner_the_race_added_at_its_confirmed_mean(tmp_path):

@@ -158,8 +158,10 @@ class Publisher:
             line = (f"{name}: {metric_text(obj.name, metrics.get(obj.name))}"
                     + (f" ({sp:.2f}x baseline)" if sp else "")
                     + (f" [{', '.join(res.perf_tags)}]" if res.perf_tags else ""))
+        elif res.status == "interrupted":  # no class: the sweep stopped it, the trial did not fail
+            line = f"{name}: interrupted in {res.phase}; its config is re-queued, the same command resumes it"
         else:
-            line = f"{name}: {res.status} {res.failure_class} ({res.phase}) {res.failure_signature or ''}"[:200]
+            line = f"{name}: {res.status} {res.failure_class or ''} ({res.phase}) {res.failure_signature or ''}"[:200]
         self.progress.event(line)
 
     def refresh(self, study: optuna.Study, running: int, t_start: float) -> None:
