@@ -23,7 +23,7 @@ import operator
 import random
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import optuna
 from optuna.distributions import (
@@ -34,6 +34,12 @@ from optuna.distributions import (
 )
 
 PARAM_TYPES = ("categorical", "int", "float")
+
+
+def is_number(x: object) -> TypeGuard[int | float]:
+    """A numeric setting value: an int or float, never a bool (a bool is a switch, though Python
+    counts it an int)."""
+    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 class SpaceError(ValueError):
@@ -266,7 +272,7 @@ def _as_ordered(raw: Mapping[str, Any], typ: str, where: str) -> bool:
                          f"drop the field")
     if val and typ == "categorical":
         ch = list(raw.get("choices") or ())
-        if not all(isinstance(c, int | float) and not isinstance(c, bool) for c in ch):
+        if not all(is_number(c) for c in ch):
             raise SpaceError(f"{where}.choices: {ch} are not all numbers, which this param's ordered: true "
                              f"needs (write 64, not '64'); drop ordered for a categorical of names")
         if ch != sorted(ch) or len(set(ch)) != len(ch):

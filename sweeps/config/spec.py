@@ -23,7 +23,7 @@ from sweeps.config.objective import (
     check_objective_names,
 )
 from sweeps.config.profile import profile_problems
-from sweeps.config.space import SearchSpace, SpaceError, any_feasible, parse_space
+from sweeps.config.space import SearchSpace, SpaceError, any_feasible, is_number, parse_space
 from sweeps.errors import ConfigurationError
 from tasks.backends import available_backends, check_kind, get_backend
 from tasks.backends.base import KnobError
@@ -539,10 +539,9 @@ def _check_knob_levels(spec: SweepSpec, space: SearchSpace) -> list[str]:
         if p.name in ints:
             if p.type == "float":
                 out.append(f"{where}: {be.label} parses {p.name} as an int; use type: int")
-            elif p.type == "categorical" and not all(isinstance(v, int) and not isinstance(v, bool) for v in p.choices):
+            elif p.type == "categorical" and not all(is_number(v) and isinstance(v, int) for v in p.choices):
                 out.append(f"{where}.choices: {p.name} takes whole numbers only (got {list(p.choices)})")
-        if p.name in floats and p.type == "categorical" and not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in p.choices):
+        if p.name in floats and p.type == "categorical" and not all(is_number(v) for v in p.choices):
             out.append(f"{where}.choices: {p.name} takes numbers only (got {list(p.choices)})")
         if p.type == "categorical" and base:
             for level in p.choices:

@@ -71,6 +71,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sweeps.config.space import is_number
+
 #: What the tie-break says, in order (quoted by the summary and the findings).
 TIE_BREAK = ("passes the serving check, then fewer non-default settings (env vars, flags), "
              "then numeric settings nearer the baseline's (log2 steps), "
@@ -216,11 +218,6 @@ class Decision:
     settled: list[int] = field(default_factory=list)
 
 
-def is_number(x: object) -> bool:
-    """An int or float setting value (a bool is a switch, not a number)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def departure(params: Mapping[str, object], baseline: Mapping[str, object]) -> float:
     """How far a config's numeric settings are from the baseline's: the sum over knobs of
     ``|log2(value / baseline value)|`` where both are positive numbers and differ, rounded to
@@ -234,7 +231,7 @@ def departure(params: Mapping[str, object], baseline: Mapping[str, object]) -> f
     total = 0.0
     for k, v in params.items():
         b = baseline.get(k)
-        if not (is_number(v) and is_number(b)) or v == b or v <= 0 or b <= 0:  # type: ignore[operator]
+        if not (is_number(v) and is_number(b)) or v == b or v <= 0 or b <= 0:
             continue
         total += abs(math.log2(float(v) / float(b)))
     return round(total, 2)

@@ -31,7 +31,7 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeps.config.objective import ObjectiveSet
-from sweeps.config.space import SearchSpace
+from sweeps.config.space import SearchSpace, is_number
 from sweeps.rules.store import RuleStore
 from sweeps.search import gates
 from sweeps.store import records as trial_records
@@ -336,7 +336,7 @@ def ordered_knobs(space: SearchSpace) -> frozenset[str]:
 
 def _numeric(level: Any) -> bool:
     """An ordered level: an int or a finite float, never a bool."""
-    return isinstance(level, int | float) and not isinstance(level, bool) and math.isfinite(level)
+    return is_number(level) and math.isfinite(level)
 
 
 def distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
