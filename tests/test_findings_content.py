@@ -206,7 +206,11 @@ def test_next_steps_ties_rechecks_and_plot_links(tmp_path):
             "t1 88.6 (83.3–93.9, 3 runs). Re-run") in sec
     assert "sweep.confirm.repeats=6" in sec
     assert "torch_symm_mem_unsupported (t4; after a torch / nccl upgrade)" in sec
-    assert "`.venv/bin/python run_sweep.py sweep=recheck source=camp node=<the upgraded node>`" in sec
+    # no node profile to name: a placeholder word a pasted command passes to Hydra, never "<...>"
+    assert ("`.venv/bin/python run_sweep.py sweep=recheck source=camp node=NODE`, NODE being the upgraded "
+            "node's profile (`conf/node/NODE.yaml`)") in sec and "<" not in sec.split("recheck source=")[1][:40]
+    on_node = render_section(ctx(tmp_path, node={"name": "rtx_pro_6000x8"}), sweep())[0].split("### Next steps")[1]
+    assert "`.venv/bin/python run_sweep.py sweep=recheck source=camp node=rtx_pro_6000x8_upgraded` (on" in on_node
     assert "[optimization_history](../store/reports/camp/optimization_history.png)" in sec
     assert "MLflow parent run" in sec
 

@@ -28,6 +28,8 @@ from sweeps.publish.findings.untried import knowledge, level_is_dead_end, open_a
 from sweeps.store import records
 
 RECHECK_FILE = Path(__file__).with_name("recheck_classes.yaml")
+#: the node profiles (``conf/node/<name>.yaml``) a recheck command can name
+NODE_DIR = Path(__file__).resolve().parents[3] / "conf" / "node"
 #: How the README runs the project's commands (the interpreter ``make venv`` installs into), so a
 #: command copied from the findings runs as written in a checkout.
 PYTHON = ".venv/bin/python"
@@ -171,13 +173,23 @@ def _recheck_lines(ctx: Context, recs: Sequence[records.TrialRecord]) -> list[st
             seen.setdefault(cls, []).append(r.number)
     if not seen:
         return []
+    # a word, not "<...>": a shell reads an angle bracket as a redirection when the command is pasted
+    node = upgraded_node(str(ctx.node.get("name") or "")) or "NODE"
+    where = "" if node != "NODE" else ", NODE being the upgraded node's profile (`conf/node/NODE.yaml`)"
     parts = [f"{cls} ({trials(ns, 4)}" + (f", {skipped[cls]} skipped" if skipped.get(cls) else "")
              + f"; after a {' / '.join(RECHECK_CLASSES[cls])} upgrade)" for cls, ns in sorted(seen.items())]
     return ["- **Rechecks worth running after an upgrade** (dead ends that depend on the GPU architecture or a "
             "component version): " + "; ".join(parts)
             + f". Re-run each once on the new stack: `{PYTHON} run_sweep.py sweep=recheck source={ctx.study} "
-            "node=<the upgraded node>` (on the node they were learned on they all still apply, and nothing is "
+            f"node={node}`{where} (on the node they were learned on they all still apply, and nothing is "
             "re-run)."]
+
+
+def upgraded_node(name: str, node_dir: Path = NODE_DIR) -> str | None:
+    """The profile a recheck of a study on node ``name`` names: the one ``conf/node/<name>_*.yaml``
+    (``rtx_pro_6000x8`` -> ``rtx_pro_6000x8_upgraded``), else None (none, or several to choose from)."""
+    found = sorted(p.stem for p in node_dir.glob(f"{name}_*.yaml")) if name else []
+    return found[0] if len(found) == 1 else None
 
 
 def expected_plots(ctx: Context, recs: Sequence[records.TrialRecord]) -> list[str]:
