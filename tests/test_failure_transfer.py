@@ -1508,3 +1508,48 @@ def test_a_health_probe_answered_is_no_request_served_past_a_hang():
     # a request served after the notice still is
     served = '(APIServer pid=1) INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
     assert classify(compiling + _SHM + served).failure_class != "engine_hang_detected"
+
+
+# ------------------------------------------------------------------ test25 read
+def test_tgi_refusing_a_model_type_it_has_no_class_for_is_a_model_load_error():
+    # huggingface/text-generation-inference#1807 (Phi-3 before TGI supported it), its last line
+    tail = ("  File \"/opt/conda/lib/python3.10/site-packages/text_generation_server/models/__init__.py\", line 648, "
+            "in get_model\n    raise ValueError(f\"Unsupported model type {model_type}\")\n\n"
+            "ValueError: Unsupported model type phi3\n")
+    assert (classify(tail).failure_class, classify(tail).kind) == ("model_load_error", "deterministic")
+    # the wording used for something else than the model's type (a method of it) is not a load error
+    other = "ValueError: Unsupported model type phi3 for speculative decoding with ngram\n"
+    assert classify(other).failure_class != "model_load_error"
+
+
+def test_rocm_memory_access_fault_is_an_illegal_memory_access():
+    # vllm-project/vllm#43605 (MI355X, an AITER MoE kernel), the HSA runtime's line as posted
+    log = ("[aiter] LoadKernel: _ZN5aiter43fmoe_bf16_blockscaleFp8_g1u1_vs_silu_32x384E hsaco: /usr/local/lib/"
+           "python3.12/dist-packages/aiter_meta/hsa//gfx950/fmoe/silu/fmoe_bf16_blockscaleFp8_g1u1_vs_silu_32x384.co\n"
+           "Memory access fault by GPU node-3 (Agent handle: 0x13e852f0) on address 0x77d445e00000. Reason: Unknown.\n"
+           "(Worker_TP3_EP3 pid=891) [aiter] import [module_rmsnorm_quant] under /usr/local/lib/python3.12/"
+           "dist-packages/aiter/jit/module_rmsnorm_quant.so\n")
+    assert (classify(log).failure_class, classify(log).kind) == ("cuda_illegal_memory_access", "transient")
+
+
+def test_ptxas_refusing_the_target_for_its_ptx_version_is_an_arch_the_build_lacks():
+    # NixOS/nixpkgs#406675 (vLLM 0.9.1's Inductor-generated Triton kernel on an RTX 5090), as posted
+    pre = "[rank0]:E0701 14:28:21.083000 911603 torch/_inductor/runtime/triton_heuristics.py:539] [0/0] "
+    log = (pre + "ptxas /tmp/tmpmwke15zw.ptx, line 6; error   : PTX .version 8.4 does not support .target sm_120a\n"
+           + pre + "ptxas fatal   : Ptx assembly aborted due to errors\n"
+           "ERROR 07-01 14:28:21 [core.py:515] EngineCore failed to start.\n")
+    assert classify(log).failure_class == "arch_not_in_build"
+    # ptxas giving up for another reason is the JIT toolchain's failure, not the architecture's
+    other = log.replace("PTX .version 8.4 does not support .target sm_120a", "Entry function 'k' uses too much "
+                        "shared data (0x1c000 bytes, 0xc000 max)")
+    assert (classify(other).failure_class, classify(other).kind) == ("flashinfer_jit_build_failure", "deterministic")
+
+
+def test_llama_server_decode_progress_is_a_request_served():
+    # ggml-org/llama.cpp#25121: a llama-server log of nothing but its periodic decode progress
+    lines = "".join(f"2.{s:02d}.846.974 I slot print_timing: id  3 | task 0 | n_decoded =   {1081 + 38 * s}, "
+                    f"tg =  12.93 t/s, tg_3s =  12.57 t/s\n" for s in range(5))
+    assert classify(lines).failure_class == "healthy"
+    # a slot that decoded nothing yet is no request served
+    zero = "2.00.846.974 I slot print_timing: id  3 | task 0 | n_decoded =   0, tg =  0.00 t/s, tg_3s =  0.00 t/s\n"
+    assert classify(zero).failure_class != "healthy"
