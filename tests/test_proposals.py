@@ -70,6 +70,11 @@ def test_exhausted_means_nothing_untried_and_feasible_is_left(tmp_path):
     assert drv.stop_reason == EXHAUSTED
     assert len({records.config_key(r.params) for r in launched}) == len(launched) == 5
     assert {r.params["cuda_graph_max_bs"] for r in launched if r.params["allreduce"] == "nccl"} == {64, 128, 512}
+    # the same command again: the study resumes used up, and asks the sampler nothing more
+    asked = len(drv.study.trials)
+    again = run_in_process(_spec(tmp_path, "sweep=smoke", "sweep.budget.trials=20", "sweep.budget.max_asks=500"))
+    assert again.stop_reason == EXHAUSTED
+    assert len(again.study.trials) == asked, [t.params for t in again.study.trials[asked:]]
 
 
 def test_draw_walks_a_finite_space_once_then_reports_exhaustion():

@@ -284,6 +284,10 @@ class SweepLoop:
     def loop(self) -> None:
         """Propose until the slots are full, flush publishing, collect one finished trial; repeat."""
         runner = self._runner()
+        # a resumed study whose space was used up: a sampler's ask would only add one more
+        # proposal answered without GPU time, on every rerun of the same command
+        if self.launched_before and not runner.inflight and self._searcher().exhausted(self._running()):
+            self.stop_reason = self.stop_reason or EXHAUSTED
         while True:
             while self._room():
                 if not self._propose():

@@ -147,6 +147,16 @@ class Searcher:
             self.study.enqueue_trial(cfg, user_attrs={**attrs, "enqueue_attrs": attrs})
             return
 
+    def exhausted(self, running: Running) -> bool:
+        """True when no trial is queued and no untried config the node's knowledge allows is
+        left (the untried draw finds none): asking the sampler then only re-proposes a config
+        the study has answered. False for an ungated searcher (it never draws)."""
+        if not self.gated or waiting(self.study):
+            return False
+        inflight = [p for _, p in running]
+        allowed = allowed_by_knowledge(self.rules, self.fingerprint, self.study, self.spec.model.name, self.study_name)
+        return self.untried.draw(taken_keys(self.study, inflight), allowed) is None
+
     def _due_within(self, running: Running) -> dict[str, Any] | None:
         """The approach a redirect must stay in: the one due for its quota, if any."""
         if self.coverage is None:
