@@ -205,6 +205,17 @@ def test_an_unconfirmed_winner_is_labelled_a_single_measurement():
     assert "(one measurement)" in s.winner_text() and s.best_single == (1, 90.0)
 
 
+def test_a_best_single_measurement_in_the_tie_group_is_not_said_to_have_failed_its_repeats():
+    from sweeps.config.objective import Objective
+
+    recs = [_rec(0, value=88.0, is_baseline=True), _rec(6, value=89.8), _rec(7, value=95.0)]
+    entries = [{"trial": 0, "mean": 91.6, "n": 2}, {"trial": 6, "mean": 91.0, "n": 2}]
+    tie = build_summary("s", Objective(), recs[:2], {"winner": 0, "tie_group": [0, 6], "entries": entries})
+    assert tie.best_single_text() == "best single measurement: trial 6, 89.8 tok/s (in the tie group; the tie-break picked t0)"
+    lost = build_summary("s", Objective(), recs, {"winner": 0, "tie_group": [0, 6], "entries": entries})
+    assert lost.best_single_text() == "best single measurement: trial 7, 95.0 tok/s (did not hold up under repeats)"
+
+
 def test_confirmation_launches_count_failed_repeats():
     conf = {"repeats": 3, "entries": [{"trial": 0, "n": 3}, {"trial": 1, "n": 1, "failures": ["oom"]}]}
     assert confirm_launches(conf) == 6

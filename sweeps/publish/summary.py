@@ -278,8 +278,13 @@ class StudySummary:
         t, v = self.best_single
         if t is None or v is None or (t == self.winner and not self.confirmed):
             return None
-        return f"best single measurement: trial {t}, {self._v(v)}" + (
-            " (did not hold up under repeats)" if t != self.winner and self.confirmed else "")
+        if t == self.winner or not self.confirmed:
+            why = ""
+        elif t in self.tie_group:  # it held up: repeats could not tell it from the pick
+            why = f" (in the tie group; the tie-break picked t{self.winner})"
+        else:
+            why = " (did not hold up under repeats)"
+        return f"best single measurement: trial {t}, {self._v(v)}{why}"
 
     def serving_text(self) -> str | None:
         """The serving check's sentence (None when it did not run)."""
