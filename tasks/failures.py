@@ -238,9 +238,9 @@ class _Log:
         for k in v.scan:  # a big log's chatter (no trigger word, not head or tail) is no milestone
             body = v.forms[k].body
             if not _HARNESS.match(body):
-                for name, pat in MILESTONES:
-                    if pat.search(body):
-                        form_stage[k] = name
+                # the latest milestone a line matches wins, so the first from the end decides:
+                # a serving log's lines match late ones (a request, a result) in one or two searches
+                form_stage[k] = next((name for name, pat in reversed(MILESTONES) if pat.search(body)), None)
         stages: list[str | None] = []
         cur: str | None = None
         for k in v.keys:

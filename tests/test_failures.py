@@ -721,3 +721,13 @@ def test_an_algorithm_pin_nccl_echoes_is_a_pin():
     # the same error with some other variable echoed is no pin of the algorithm
     other = log.replace("NCCL_ALGO set by environment to Ringg", "NCCL_P2P_DISABLE set by environment to 1")
     assert classify(other, 1, "startup").failure_class != "nccl_env_algo_proto_invalid"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.text(alphabet="ab\n\r k/sT", max_size=12), max_size=12))
+def test_lines_holding_finds_the_lines_a_per_line_test_finds_in_order(chunks):
+    from tasks.perf_findings import _lines_holding
+
+    text = "".join(chunks)
+    words = ("ab", "k/s", "b\rk")
+    assert list(_lines_holding(text, words)) == [ln for ln in text.split("\n") if any(w in ln for w in words)]
