@@ -87,7 +87,7 @@ _FATAL = re.compile(
     r"Assertion .* failed|Assertion failed\b|\bGGML_ASSERT\(.*\) failed|^terminate called|what\(\):|"
     r"Segmentation fault|Fatal Python error|core dumped|"
     r"\bNCCL error\b|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError|"
-    r"\bnvcc fatal|ptxas fatal|Ninja build failed|^FAILED: |^\S+: error: |^error: |"
+    r"\bnvcc fatal|ptxas fatal|^ptxas \S+, line \d+; error\s+: |Ninja build failed|^FAILED: |^\S+: error: |^error: |"
     r"^\[(?:harness|dmesg)\]|Out of memory: Kill|oom-kill:|^Killed\s*$|NVRM: Xid|"
     r"No available shared memory broadcast block found|has been marked dead|died unexpectedly|"
     r"\bfatal error\b|^Exception in thread|^Error: |^\s*Value error, |^\s*Check failed: ", re.I)
@@ -174,7 +174,9 @@ def _severity(body: str, level: int | None, component: str) -> int:
     if not text or _FRAME.match(body):
         return INFO
     warning = bool(_WARN_BODY.search(text))
-    if (_EXC.match(text) or _FATAL.search(text)) and not warning:
+    # a fatal wording the program itself logged at WARN is one it went on past (Inductor's
+    # autotuning logs a candidate's "ptxas fatal" and drops the candidate): a warning
+    if (_EXC.match(text) or _FATAL.search(text)) and not warning and lvl != WARN:
         return FATAL
     if component == "nccl":
         m = _NCCL_LVL.search(text)
