@@ -142,19 +142,28 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|</?(?:font|b|i|span|strong|code|em)\
 _BARE_SGR = re.compile(r"(?:\^\[)?\[(?:0|1|3[0-7]|9[0-7]|\d{1,2}(?:;\d{1,3})+)m")
 
 
+#: NCCL before 2.4 wrote its level without its name after the ``host:pid:tid [dev]`` prefix
+#: ("[0] INFO NET/Socket : 1 interfaces found", "[0] include/socket.h:360 WARN Call to connect
+#: failed"); the body is given the later releases' "NCCL WARN" so one family reads both
+_OLD_NCCL_LVL = re.compile(r"(?P<at>(?:[\w./-]+\.(?:cc|cu|h|c):\d+ )?)(?P<lvl>INFO|WARN|TRACE)\b(?! NCCL\b)")
+
+
 def strip_prefixes(line: str) -> tuple[str, int | None, str]:
     """(body, level named by a prefix or None, process named by a prefix) of one raw line
-    (terminal colour codes and the HTML colour tags of a pasted log dropped first)."""
+    (terminal colour codes and the HTML colour tags of a pasted log dropped first). A line of
+    NCCL before 2.4 (its level without "NCCL") reads as a later release's (:data:`_OLD_NCCL_LVL`)."""
     if "\x1b" in line or "</" in line:
         line = _ANSI.sub("", line)
     if "m" in line and ("[0" in line or "[1" in line or "[3" in line or "[9" in line):
         line = _BARE_SGR.sub("", line)
     body, level, proc = line, None, ""
+    nccl = False
     for _ in range(8):
         for pat in _PREFIXES:
             m = pat.match(body)
             if not m or m.end() == 0:
                 continue
+            nccl = nccl or pat is _NCCL
             g = m.groupdict()
             if g.get("lvl"):
                 level = max(level or 0, _LEVEL[g["lvl"]])
@@ -164,6 +173,8 @@ def strip_prefixes(line: str) -> tuple[str, int | None, str]:
             break
         else:
             break
+    if nccl and (old := _OLD_NCCL_LVL.match(body)):
+        body = f"{old['at']}NCCL {body[old.start('lvl'):]}"
     return body, level, proc
 
 

@@ -1553,3 +1553,88 @@ def test_llama_server_decode_progress_is_a_request_served():
     # a slot that decoded nothing yet is no request served
     zero = "2.00.846.974 I slot print_timing: id  3 | task 0 | n_decoded =   0, tg =  0.00 t/s, tg_3s =  0.00 t/s\n"
     assert classify(zero).failure_class != "healthy"
+
+
+# ------------------------------------------------------------------ test26 read
+def test_a_cuda_runtime_error_out_of_memory_is_a_runtime_oom():
+    # triton-inference-server/fastertransformer_backend#29 (FasterTransformer's check_cuda_error), as posted
+    log = ("terminate called after throwing an instance of 'std::runtime_error'\n"
+           "  what():  [FT][ERROR] CUDA runtime error: out of memory /workspace/build/fastertransformer_backend/build/"
+           "_deps/repo-ft-src/src/fastertransformer/utils/memory_utils.cu:26 \n\n"
+           "[gv013:3677168] *** Process received signal ***\n[gv013:3677168] Signal: Aborted (6)\n")
+    assert (classify(log).failure_class, classify(log).kind) == ("cuda_oom_runtime", "transient")
+    # another runtime error of the same wrapper is no OOM
+    assert classify(log.replace("out of memory", "invalid argument")).failure_class != "cuda_oom_runtime"
+
+
+def test_a_bus_error_inside_nccl_is_its_shared_memory_at_init():
+    # msr-fiddle/pipedream#76 (a torchrun job in Docker, fixed with --shm-size), its first lines
+    log = ("[8d6bf97c3bf4:3039 :0:3095] Caught signal 7 (Bus error: nonexistent physical address)\n"
+           "==== backtrace (tid:   3095) ====\n 0 0x0000000000043090 killpg()  ???:0\n"
+           " 2 0x000000000007587d ncclGroupEnd()  ???:0\n 4 0x0000000000059e97 ncclGetUniqueId()  ???:0\n"
+           " 5 0x00000000000489b1 ???()  /usr/lib/x86_64-linux-gnu/libnccl.so.2:0\n"
+           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+    assert (classify(log).failure_class, classify(log).kind) == ("nccl_init_system_error", "infra")
+    # a bus error nowhere near NCCL is no evidence about its shared memory
+    other = "\n".join(ln for ln in log.splitlines() if "nccl" not in ln) + "\n"
+    assert classify(other).failure_class != "nccl_init_system_error"
+
+
+def test_triton_servers_endpoints_started_are_ready():
+    # triton-inference-server/server#2312 (Triton 20.03), as posted
+    log = ("I1204 08:17:45.082233 1 grpc_server.cc:1939] Started GRPCService at 0.0.0.0:8001\n"
+           "I1204 08:17:45.082251 1 http_server.cc:1411] Starting HTTPService at 0.0.0.0:8000\n"
+           "I1204 08:17:45.124574 1 http_server.cc:1426] Starting Metrics Service at 0.0.0.0:8002\n"
+           "I1204 08:17:45.130062 1 server.cc:224] Polling model repository\n")
+    assert classify(log).failure_class == "healthy"
+    # the metrics endpoint alone says nothing of the inference endpoints
+    assert classify(log.splitlines()[2] + "\n").failure_class != "healthy"
+
+
+def test_tgi_refusing_the_gpus_capability_is_a_kernel_without_that_architecture():
+    # huggingface/text-generation-inference#424 (falcon-7b sharded on a V100), its error line
+    log = "ImportError: GPU with CUDA capability 7 0 is not supported\n"
+    assert (classify(log).failure_class, classify(log).kind) == ("unsupported_arch_kernel", "deterministic")
+
+
+def test_trtllm_without_a_model_for_the_architecture_is_a_model_load_error():
+    # NVIDIA/TensorRT-LLM#2845 (trtllm-serve 0.17 with DeepSeek-V3), its title's error line
+    log = ("NotImplementedError: The given huggingface model architecture DeepseekV3ForCausalLM is not supported "
+           "in TRT-LLM yet\n")
+    assert (classify(log).failure_class, classify(log).kind) == ("model_load_error", "deterministic")
+
+
+def test_torchs_arch_warning_tail_then_a_failure_is_an_arch_the_build_lacks():
+    # vllm-project/vllm#16267 (an RTX 5070 Ti under a cu124 torch): the excerpt starts at the
+    # warning's last line
+    warn = ("If you want to use the NVIDIA GeForce RTX 5070 Ti GPU with PyTorch, please check the instructions at "
+            "https://pytorch.org/get-started/locally/\n\n  warnings.warn(\n")
+    died = ("ERROR 04-07 13:31:03 [core.py:390] EngineCore hit an exception: Traceback (most recent call last):\n"
+            "ERROR 04-07 13:31:03 [core.py:390]   File \"/x/vllm/v1/engine/core.py\", line 378, in run_engine_core\n")
+    assert classify(warn + died).failure_class == "arch_not_in_build"
+    # a server that served past the warning was fine (a PTX build can JIT for the GPU)
+    served = ('INFO:     Application startup complete.\n'
+              'INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK\n')
+    assert classify(warn + served).failure_class == "healthy"
+
+
+def test_the_mlx5_provider_dumping_a_failed_completion_is_the_network():
+    # OpenRLHF/OpenRLHF#621 (a vLLM engine actor during a multi-node weight broadcast), as posted
+    log = ("(LLMRayActor pid=90621, ip=172.19.24.110) update weight: model.embed_tokens.weight, dtype: torch.bfloat16\n"
+           "(LLMRayActor pid=90738, ip=172.19.24.110) mlx5: host_unknown: got completion with error:\n"
+           "(LLMRayActor pid=90738, ip=172.19.24.110) 00000000 00000000 00000000 00000000\n")
+    assert (classify(log).failure_class, classify(log).kind) == ("nccl_network_error", "infra")
+
+
+def test_nccl_before_2_4_is_read_as_nccl():
+    # NVIDIA/nccl-tests#15 (NCCL 2.2.13: its level without "NCCL"), as posted
+    log = ("gpu-bql-144-103:18553:18553 [0] INFO NET/Socket : 1 interfaces found\nNCCL version 2.2.13+cuda9.0\n"
+           "gpu-bql-144-103:18553:18611 [0] include/socket.h:360 WARN Call to connect failed : Connection timed out\n"
+           "gpu-bql-144-103:18553:18611 [0] INFO transport/net_socket.cu:118 -> 2\n")
+    assert (classify(log).failure_class, classify(log).kind) == ("nccl_network_error", "infra")
+    from tasks.failure_events import strip_prefixes
+
+    # both releases' lines read alike; a later release's line is left as it is
+    assert strip_prefixes("h:1:2 [0] include/socket.h:360 WARN x")[0] == "include/socket.h:360 NCCL WARN x"
+    assert strip_prefixes("h:1:2 [0] misc/socket.cc:484 NCCL WARN x")[0] == "misc/socket.cc:484 NCCL WARN x"
+    assert strip_prefixes("h:1:2 [0] INFO x")[0] == "NCCL INFO x"
