@@ -35,6 +35,7 @@ corpus (``tasks/failure_corpus``) with their threads; ``--tsv`` prints
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -314,14 +315,21 @@ class _Log:
 
     def _first_error(self, i: int) -> bool:
         """Line ``i`` is not a warning, is the log's first error (no ERROR or fatal line before
-        its own traceback) and no ready or serving line follows it."""
+        its own traceback) and no ready or serving line follows it (in a vLLM log, its API server
+        up too: vLLM starts it only once its engine is up)."""
         v = self.view
         if v.severity[i] == WARN:
             return False
         lo = min(i, v.tb_start[i])
         if any(v.severity[j] >= ERROR and v.quotable(j) for j in range(lo)):
             return False
-        return not any(self.stages[j] in ("ready", "first_request", "serving") for j in range(i + 1, len(v.keys)))
+        up = ("ready", "first_request", "serving") + (("api_up",) if self.vllm else ())
+        return not any(self.stages[j] in up for j in range(i + 1, len(v.keys)))
+
+    @functools.cached_property
+    def vllm(self) -> bool:
+        """A vLLM log: its process tags or names, and none of SGLang's lines."""
+        return bool(_VLLM_LOG.search(self.text)) and not _SGLANG_LOG.search(self.text)
 
     def _waited_out(self) -> set[int]:
         """The lines of a wait the startup went on past: a ``waited_past`` row's notices, when a
@@ -826,7 +834,7 @@ def _classify(log_text: str, exit_code: int | None, phase: str | None) -> Classi
             j = crash_tb[1] if crash_tb[1] is not None else i
             return _make(cls, lines[j], f"<{cls}>", PHASE_NAMES.get(crash_stage, ""))
 
-    vllm_log = bool(_VLLM_LOG.search(log.text)) and not _SGLANG_LOG.search(log.text)
+    vllm_log = log.vllm
     # ready: the engine's ready line, requests served, a measured result of the work (a test's or a
     # benchmark's, with no server line), or (vLLM only) its API server up; never when our harness
     # says the server did not become ready
