@@ -268,17 +268,18 @@ def trigger_lines(lines: list[bytes]) -> set[int]:
         pos += len(ln) + 1
     out: set[int] = set()
     for w in _TRIGGER_BYTES:
-        skip = _NOT_TRIGGER.get(w, ())
-        at = blob.find(w)
+        hay = blob
+        for p in _NOT_TRIGGER.get(w, ()):
+            # the chatter wording masked in one C pass, at the same length (offsets stay): a
+            # serving log says "token usage:" on every line, and a per-hit check cost ~0.2 s on 10 MB
+            hay = hay.replace(p + w, p + w[:-1] + b"\0")
+        at = hay.find(w)
         while at != -1:
-            if skip and any(blob.endswith(p, 0, at) for p in skip):
-                at = blob.find(w, at + 1)
-                continue
             i = bisect_right(starts, at) - 1
             out.add(i)
             if i + 1 >= len(starts):
                 break
-            at = blob.find(w, starts[i + 1])
+            at = hay.find(w, starts[i + 1])
     return out
 
 
