@@ -1664,3 +1664,56 @@ def test_a_refusal_naming_the_model_type_is_a_model_load_error_for_its_gist():
     assert classify(first + log).failure_class == "cuda_illegal_memory_access"
     # llama.cpp's "failed to load model" is said of bad weights too: no gist of it
     assert classify("llama_load_model_from_file: failed to load model\n").failure_class != "model_load_error"
+
+
+# ------------------------------------------------------------------ test27 read
+def test_tvm_ffis_ninja_exiting_is_the_jit_build_failing():
+    # sgl-project/sglang#30936 (nvcc segfaulting in SGLang's own JIT kernel build), as posted
+    log = ("  File \"/x/.venv/lib/python3.12/site-packages/tvm_ffi/cpp/extension.py\", line 601, in build_ninja\n"
+           "    raise RuntimeError(\"\\n\".join(msg))\nRuntimeError: ninja exited with status 139\nstdout:\n"
+           "FAILED: [code=139] cuda_0.o\n")
+    assert (classify(log).failure_class, classify(log).kind) == ("flashinfer_jit_build_failure", "deterministic")
+
+
+def test_nccls_named_symbol_not_found_is_an_arch_the_build_lacks():
+    # pytorch/pytorch#152077 (NCCL 2.14 under torch 2.0 on an RTX 5090), as posted
+    log = ("4d1a2ae696c8:50555:50555 [0] NCCL WARN Cuda failure 'named symbol not found'\n"
+           "4d1a2ae696c8:50555:50555 [0] NCCL INFO Bootstrap : Using eth0:172.17.0.2<0>\nNCCL version 2.14.3+cuda11.8\n")
+    assert (classify(log).failure_class, classify(log).kind) == ("arch_not_in_build", "deterministic")
+    # another CUDA failure of NCCL's is not the build's
+    assert classify(log.replace("named symbol not found", "invalid argument")).failure_class != "arch_not_in_build"
+
+
+def test_tgis_webserver_crashed_is_a_crash_after_it_came_up():
+    # huggingface/text-generation-inference#1795 (a router panic on a multi-byte character), its tail
+    log = ("thread 'tokio-runtime-worker' panicked at /usr/src/router/src/server.rs:180:45:\n"
+           "byte index 1000 is not a char boundary; it is inside '\u4f60' (bytes 999..1002)\n"
+           "note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n"
+           "2024-04-23T08:26:48.209311Z ERROR text_generation_launcher: Webserver Crashed\n"
+           "2024-04-23T08:26:48.209348Z  INFO text_generation_launcher: Shutting down shards\n")
+    assert (classify(log).failure_class, classify(log).kind) == ("server_crash", "transient")
+    # what the router died of, when a family names it, decides (huggingface/text-generation-inference#563)
+    oom = "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    assert classify(oom + log).failure_class == "cuda_oom_runtime"
+
+
+def test_tensorrt_refusing_a_serialized_engine_is_the_weights():
+    # triton-inference-server/tensorrtllm_backend#424 (an engine built with another TensorRT), its line
+    log = ("| tensorrt_llm     | 1       | UNAVAILABLE: Internal: unexpected error when creating modelInstanceState: "
+           "[TensorRT-LLM][ERROR] Assertion failed: Failed to deserialize cuda engine (/tmp/tritonbuild/tensorrtllm/"
+           "tensorrt_llm/cpp/tensorrt_llm/runtime/tllmRuntime.cpp:72) |\n")
+    assert (classify(log).failure_class, classify(log).kind) == ("model_weights_error", "deterministic")
+
+
+def test_a_launcher_starting_vllm_is_not_vllms_api_server_up():
+    # gpustack/gpustack#2616: GPUStack's notice that it starts vLLM, then nothing from vLLM
+    log = ("2025-07-25 10:11:49.749324+00:00 - gpustack.worker.backends.vllm - INFO - Starting vLLM server: "
+           "/var/lib/gpustack/bin/vllm_v0.10.0\n"
+           "2025-07-25 10:11:49.749362+00:00 - gpustack.worker.backends.vllm - DEBUG - Run vLLM with arguments: "
+           "serve /data/Qwen3-4B --enable-reasoning --host 0.0.0.0 --port 40057\n")
+    assert classify(log).failure_class != "healthy"
+    # vLLM's own line says where it listens, in both wordings
+    for own in ("Starting vLLM API server on http://0.0.0.0:8000", "Starting vLLM server on http://0.0.0.0:8000",
+                "Starting vLLM API server 0 on http://0.0.0.0:8000"):
+        assert classify(f"(APIServer pid=1) INFO 05-06 04:33:07 [api_server.py:602] {own}\n"
+                        "(APIServer pid=1) INFO:     Application startup complete.\n").failure_class == "healthy"
