@@ -1640,32 +1640,6 @@ def test_nccl_before_2_4_is_read_as_nccl():
     assert strip_prefixes("h:1:2 [0] INFO x")[0] == "NCCL INFO x"
 
 
-# ------------------------------------------------------------------ the gist of an unnamed error line
-def test_a_refusal_naming_the_gpu_is_read_for_its_gist_when_no_family_names_it():
-    # the wording of a stack the table has no family for (crafted: an engine's own check)
-    log = ("INFO 2026-01-01 loading model\n"
-           "RuntimeError: fused MoE kernel: this GPU (compute capability 6.1) is not supported by the cutlass path\n")
-    assert (classify(log).failure_class, classify(log).kind) == ("unsupported_arch_kernel", "deterministic")
-    # a line that falls back is a warning of a server that goes on; a later ready line says so too
-    assert classify(log.replace("is not supported by the cutlass path", "is not supported, falling back to triton")
-                    ).failure_class != "unsupported_arch_kernel"
-    up = "The server is fired up and ready to roll!\n"
-    assert classify(log + up).failure_class != "unsupported_arch_kernel"
-    # never Python's own "not supported between instances" (a TypeError about values)
-    assert classify("TypeError: '>' not supported between instances of 'NoneType' and 'int' on device 0\n"
-                    ).failure_class != "unsupported_arch_kernel"
-
-
-def test_a_refusal_naming_the_model_type_is_a_model_load_error_for_its_gist():
-    log = "ERROR engine.py:88 ValueError: model_type 'glm5_moe' is not supported by this engine build\n"
-    assert (classify(log).failure_class, classify(log).kind) == ("model_load_error", "deterministic")
-    # not when an earlier error already failed the run (the gist is only the first error's)
-    first = "RuntimeError: CUDA error: an illegal memory access was encountered\n"
-    assert classify(first + log).failure_class == "cuda_illegal_memory_access"
-    # llama.cpp's "failed to load model" is said of bad weights too: no gist of it
-    assert classify("llama_load_model_from_file: failed to load model\n").failure_class != "model_load_error"
-
-
 # ------------------------------------------------------------------ test27 read
 def test_tvm_ffis_ninja_exiting_is_the_jit_build_failing():
     # sgl-project/sglang#30936 (nvcc segfaulting in SGLang's own JIT kernel build), as posted
