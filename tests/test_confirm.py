@@ -646,3 +646,26 @@ def test_a_driver_killed_mid_round_keeps_the_launches_that_round_finished(tmp_pa
     assert len(task.calls) - first == 9 - kept  # only what the killed round had not finished
     assert out["winner"] == whole["winner"] and [e["launched"] for e in out["entries"]] == [3, 3, 3]
     assert not drv.study.user_attrs.get(confirm.ROUND_ATTR)  # merged and cleared
+
+
+def test_a_continued_study_keeps_the_stored_tie_group_in_its_race(tmp_path):
+    """A study continued with more trials ranks new configs above a tied contender by their single
+    runs: the contender and its repeats stay in the race (the tie group is evidence), never
+    dropped from the confirmation because a new top k left it out."""
+    slow = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
+    study = _study([(BASE, 82.0, True), (G64, 91.0, False), (CUSTOM128, 90.5, False), (slow, 80.0, False)])
+    truth = {records.config_key(BASE): 82.0, records.config_key(G64): 88.6, records.config_key(CUSTOM128): 91.0,
+             records.config_key(slow): 80.0}
+    drv = _Driver(tmp_path, study, truth)
+    out = confirm.confirm_top(drv, k=2, repeats=3, max_repeats=6, margin=0.01, futility=False)
+    assert set(out["tie_group"]) == {1, 2}, out["decision_reason"]
+    # the study goes on: a new config's single run ranks above both tied configs
+    fast = {"speculative": "none", "allreduce": "flashinfer_fusion", "cuda_graph_max_bs": 64}
+    dist = {k: v for k, v in study.trials[0].distributions.items()}
+    study.add_trial(optuna.trial.create_trial(params=fast, distributions=dist, value=99.0,
+                                              user_attrs={"status": "ok", "metrics": {"decode_tok_s": 99.0}}))
+    drv._trial_task.true[records.config_key(fast)] = 85.0
+    again = confirm.confirm_top(drv, k=2, repeats=3, max_repeats=6, margin=0.01, futility=False)
+    by = {e["trial"]: e for e in again["entries"]}
+    assert {1, 2, 4} <= set(by), sorted(by)  # the new top 2 is t4 and t1; t2 stays with its repeats
+    assert by[2]["values"][:6] == {e["trial"]: e for e in out["entries"]}[2]["values"]

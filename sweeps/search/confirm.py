@@ -341,6 +341,14 @@ def confirm_top(driver: ConfirmHost, k: int = 3, repeats: int = 5, confidence: f
     have = {trial_records.config_key(r.params) for r, _ in todo}
     derived = [d for d in derived if trial_records.config_key(d["config"]) not in have][:descend]
     todo += [(r, False) for r in _derived_records(derived, recs)]
+    if not force:
+        # the stored race's tie group (the configs it could not tell from its pick) stays in the race
+        # of a continued study: their repeats are evidence, and a new top k by single runs drops them
+        by = {r.number: r for r in recs}
+        have = {trial_records.config_key(r.params) for r, _ in todo}
+        tied = [by[t] for t in old.get("tie_group") or [] if t in by and by[t].status == "ok"
+                and trial_records.config_key(by[t].params) not in have]
+        todo += [(r, False) for r in tied]
     space = driver.spec.space if descend > 0 else None
     if half and not force:  # launches a killed driver finished in a round it did not close: kept
         _merge_half_round(ev, todo, half, obj)
