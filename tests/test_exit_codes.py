@@ -210,12 +210,19 @@ def test_run_sweep_exits_3_when_nothing_was_measured(tmp_path):
     """The entry point: exit code 3, the one line on stderr, no traceback."""
     cmd = [sys.executable, str(REPO / "run_sweep.py"), "backend=instant", "sweep=smoke", "sweep.budget.trials=3",
            "sweep.confirm.top_k=0", f"tracking.store_dir={tmp_path / 'store'}",
-           f"tracking.findings_dir={tmp_path / 'findings'}", *ALL_FAIL]
+           f"tracking.findings_dir={tmp_path / 'findings'}", "+backend.env.HF_TOKEN=hf_s3cr3t", *ALL_FAIL]
     r = subprocess.run(cmd, cwd=str(tmp_path), capture_output=True, text=True, timeout=240)
     assert r.returncode == 3, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "There are no complete trials" not in r.stdout + r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("servesweep: nothing was measured:") and "Next:" in last, last
+    # the run's overrides are kept on the study for the findings' next-step commands, the secret masked
+    import optuna
+
+    study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{tmp_path / 'store' / 'optuna.db'}")
+    kept = study.user_attrs["run_overrides"]
+    assert kept[:3] == ["backend=instant", "sweep=smoke", "sweep.budget.trials=3"] and "+backend.env.HF_TOKEN=***" in kept
+    assert not any("hf_s3cr3t" in o for o in kept)
 
 
 def test_an_unreachable_optuna_database_is_one_line_exit_2_without_its_password(tmp_path):

@@ -306,7 +306,16 @@ def test_a_tie_of_a_confirmation_without_a_race_asks_for_more_repeats_not_a_high
     sec = render_section(ctx(tmp_path, conf=conf), sweep())[0].split("### Next steps")[1]
     assert "The confirmation ran each config its `repeats` (3), with no race." in sec
     assert "sweep.confirm.repeats=6 sweep.confirm.max_repeats=6`" in sec and "ran them to its cap" not in sec
-    assert "adding the overrides the sweep ran with" in sec
+    assert "with the overrides its last run was given" in sec
+    # the commands repeat the study's last overrides (its store, its confirm settings), never the
+    # ones they set themselves, the sweep's or a new study's; a value with a space is quoted
+    c = ctx(tmp_path, conf=conf)
+    c.overrides = ["tracking.store_dir=/tmp/st", "sweep.confirm.max_repeats=16", "new_study=true", "sweep=smoke",
+                   "+backend.env.NOTE=two words"]
+    sec = render_section(c, sweep())[0].split("### Next steps")[1]
+    cmd = sec.split("Re-run the confirmation with more")[1].split("`")[1]
+    assert cmd == (".venv/bin/python run_sweep.py sweep=eagle3_allreduce study_name=camp tracking.store_dir=/tmp/st "
+                   "'+backend.env.NOTE=two words' sweep.confirm.repeats=6 sweep.confirm.max_repeats=6"), cmd
 
 
 def test_a_contender_the_race_settled_is_no_tie_that_needs_repeats(tmp_path):

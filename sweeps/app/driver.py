@@ -103,6 +103,18 @@ def dry_run(spec: SweepSpec) -> int:
     return 2 if bad else 0
 
 
+def task_overrides() -> list[str]:
+    """This run's command-line overrides (Hydra's ``overrides.task``), secrets masked; [] when the
+    driver runs outside Hydra (a script, a test)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from sweeps.app.hydra_outputs import masked_override
+
+    if not HydraConfig.initialized():
+        return []
+    return [masked_override(str(o)) for o in HydraConfig.get().overrides.task]
+
+
 def _redact_hydra_files() -> None:
     """Mask secrets in this run's ``.hydra/*.yaml`` (:mod:`sweeps.app.hydra_outputs`); nothing when
     the driver runs outside Hydra (a script, a test)."""
@@ -166,7 +178,9 @@ def run(cfg: Any, driver_cls: type[Driver] = Driver) -> float | tuple[float | No
             from sweeps.app.recheck import run_recheck
 
             return run_recheck(spec)
-        drv = execute(driver_cls(spec, spec.study))
+        drv = driver_cls(spec, spec.study)
+        drv.run_overrides = task_overrides()
+        drv = execute(drv)
     except KeyboardInterrupt:  # a second Ctrl-C
         raise Interrupted("aborted; trials still running are recovered (failed, re-queued) by the next run of the "
                           "same command") from None

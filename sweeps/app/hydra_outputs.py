@@ -20,7 +20,7 @@ from tasks.redact import MASK, is_secret_name, redact_text
 HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
 
 
-def _masked_override(s: str) -> str:
+def masked_override(s: str) -> str:
     """``+backend.env.SGLANG_API_KEY=abc`` -> ``+backend.env.SGLANG_API_KEY=***``; other text
     through :func:`redact_text` (an ``env`` list, a URL with a password)."""
     name, eq, _ = s.partition("=")
@@ -36,7 +36,7 @@ def _masked(node: Any) -> Any:
     if isinstance(node, list):
         return [_masked(v) for v in node]
     if isinstance(node, str):
-        return _masked_override(node)
+        return masked_override(node)
     return node
 
 

@@ -94,6 +94,9 @@ class SweepLoop:
         self.recent_bad: list[bool] = []
         self.finished_best: records.TrialRecord | None = None
         self.hold: StudyHold | None = None  # file lock + lease (sweeps.run.ownership)
+        #: the run's command-line overrides (secrets masked; set by the entry point): stored on the
+        #: study for the findings' next-step commands
+        self.run_overrides: list[str] = []
         self.publisher: SweepPublisher = self.make_publisher()
         self.progress = self.publisher.progress
 
@@ -219,6 +222,7 @@ class SweepLoop:
         study.set_user_attr(STOP_ATTR, None)  # running: a resumed study's last stop no longer holds
         # the trial budget it runs under, so a report rebuilt from storage owes the quota by the same end
         study.set_user_attr(TRIAL_BUDGET_ATTR, self.spec.sweep.budget.trials)
+        study.set_user_attr(study_store.OVERRIDES_ATTR, list(self.run_overrides))
         from sweeps.rules.store import load_implicated_knobs
 
         rules = RuleStore(self.spec.rules_db)

@@ -38,6 +38,9 @@ log = logging.getLogger("servesweep")
 SPACE_ATTR = "space_signature"
 #: study user attr: what the study measures (see :func:`study_identity`)
 IDENTITY_ATTR = "identity"
+#: the command-line overrides of the study's latest run (secrets masked): what the findings' next-step
+#: commands repeat, so that a command runs as pasted against the same store and settings
+OVERRIDES_ATTR = "run_overrides"
 #: Optuna constraint name; > 0 = infeasible (TPE ranks such trials among the worst).
 FEASIBLE = "feasible"
 

@@ -42,6 +42,7 @@ from sweeps.publish.findings.measure import objective_of
 from sweeps.publish.findings.render import DATA_VERSION, render_section
 from sweeps.search.coverage import STOP_ATTR
 from sweeps.store import records as trial_records
+from sweeps.store.study import OVERRIDES_ATTR
 from tasks.redact import redact_text
 
 __all__ = [
@@ -86,6 +87,7 @@ def update_findings(spec: Any, study: optuna.Study | str, records: Sequence[tria
     if not isinstance(study, str):
         ctx.serving = study.user_attrs.get(SERVING_ATTR) or None
         ctx.stop_reason = study.user_attrs.get(STOP_ATTR) or None
+        ctx.overrides = [str(o) for o in study.user_attrs.get(OVERRIDES_ATTR) or []]
     old = read_document(path)  # bytes kept as is
     section, _ = render_section(ctx, records, read_data_block(old))
     section = redact_text(section)  # model paths with credentials, tokens in decisive log lines

@@ -63,6 +63,9 @@ class Context:
     serving: dict[str, Any] | None = None  # the serving check of the winner (sweeps.search.serving_check)
     #: ``sweep.budget.trials`` (what an approach quota is owed by; None: no trial budget)
     trial_budget: int | None = None
+    #: the command-line overrides of the study's latest run (secrets masked), repeated by the
+    #: next-step commands (:data:`sweeps.store.study.OVERRIDES_ATTR`)
+    overrides: list[str] = field(default_factory=list)
     #: why the sweep's last loop stopped (study user attr ``stop_reason``; None while it runs)
     stop_reason: str | None = None
 

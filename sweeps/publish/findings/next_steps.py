@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,23 @@ def load_recheck_classes(path: Path = RECHECK_FILE) -> dict[str, list[str]]:
 RECHECK_CLASSES = load_recheck_classes()
 
 
+#: overrides a next-step command never repeats: the command sets the sweep and the study itself, and
+#: a new study, a dry run or a recheck would not continue this one
+_NOT_REPEATED = frozenset({"sweep", "study_name", "new_study", "dry_run", "source"})
+
+
+def rerun_command(ctx: Context, *sets: str) -> str:
+    """The command that runs this study again with ``sets`` (``key=value`` overrides): the sweep,
+    the study, the overrides its latest run was given (:attr:`Context.overrides`, secrets masked)
+    except those ``sets`` replace, then ``sets``; it runs as pasted against the same store."""
+    def key(o: str) -> str:
+        return o.partition("=")[0].lstrip("+~")
+    replaced = {key(o) for o in sets} | _NOT_REPEATED
+    kept = [o for o in ctx.overrides if key(o) not in replaced]
+    return " ".join([f"{PYTHON} run_sweep.py", f"sweep={ctx.sweep or ctx.study}", f"study_name={ctx.study}",
+                     *(shlex.quote(o) for o in kept), *sets])
+
+
 def _untried_lines(ctx: Context, recs: Sequence[records.TrialRecord], groups: dict[tuple, Group], gk: list[str]) -> list[str]:
     if ctx.space is None:
         return []
@@ -92,8 +110,8 @@ def _untried_lines(ctx: Context, recs: Sequence[records.TrialRecord], groups: di
         # a number, not a placeholder: the command runs as pasted (a shell reads "<more>" as a redirection)
         more = 2 * ctx.trial_budget if ctx.trial_budget else len(launched) + 10
         out.append(f"  Continue the study with a larger budget (twice this study's; the budget counts the "
-                   f"launches already made), adding the overrides the sweep ran with: `{PYTHON} run_sweep.py "
-                   f"sweep={ctx.sweep or ctx.study} study_name={ctx.study} sweep.budget.trials={more}`.")
+                   f"launches already made), with the overrides its last run was given: "
+                   f"`{rerun_command(ctx, f'sweep.budget.trials={more}')}`.")
     return out
 
 
@@ -146,8 +164,8 @@ def _tie_lines(ctx: Context) -> list[str]:
         why, flag = "", f"sweep.confirm.repeats={more}" + (f" sweep.confirm.max_repeats={more}" if cap and cap < more else "")
     desc = "; ".join(_with_runs(e) for e in ties)
     return [f"- **Ties that need more repeats**: the winner {_with_runs(win)} overlaps {desc}.{why} "
-            f"Re-run the confirmation with more, adding the overrides the sweep ran with: "
-            f"`{PYTHON} run_sweep.py sweep={ctx.sweep or ctx.study} study_name={ctx.study} {flag}`."]
+            f"Re-run the confirmation with more, with the overrides its last run was given: "
+            f"`{rerun_command(ctx, *flag.split())}`."]
 
 
 def _with_runs(e: Mapping[str, Any]) -> str:
