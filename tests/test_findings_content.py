@@ -299,6 +299,21 @@ def test_a_tie_the_race_could_not_decide_asks_for_a_higher_cap(tmp_path):
     assert "sweep.confirm.max_repeats=16" in sec and "sweep.confirm.repeats=" not in sec
 
 
+def test_an_undecidable_tie_asks_for_the_cap_the_projection_names_or_for_none(tmp_path):
+    """The race projects the cap that would decide an undecidable tie (decision ``needed``): the
+    next step asks for that cap, not a doubling; when no cap up to 8x would, it asks for no more
+    repeats (the tie-break's pick stands) and offers a wider margin instead."""
+    base = {**CONF, "max_repeats": 8, "margin": 0.01,
+            "entries": [{**e, "n": 5 if e["trial"] == 2 else 3} for e in CONF["entries"]]}
+    sec = render_section(ctx(tmp_path, conf={**base, "decision": {"status": "undecidable", "needed": 32}}),
+                         sweep())[0].split("### Next steps")[1]
+    assert "at 32 per config they would be." in sec and "sweep.confirm.max_repeats=32`" in sec
+    sec = render_section(ctx(tmp_path, conf={**base, "decision": {"status": "undecidable", "needed": None}}),
+                         sweep())[0].split("### Next steps")[1]
+    assert "A tie more repeats would not split" in sec and "nor at any cap up to 8 times it" in sec
+    assert "sweep.confirm.max_repeats" not in sec and "sweep.confirm.margin=0.02`" in sec
+
+
 def test_a_tie_of_a_confirmation_without_a_race_asks_for_more_repeats_not_a_higher_cap(tmp_path):
     """race: false stops each config at its repeats (stored as the cap): raising max_repeats alone
     changes nothing, so the next step raises repeats (and the cap with it, which must not be below)."""

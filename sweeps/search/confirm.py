@@ -871,7 +871,7 @@ def summarize(todo: list[tuple[trial_records.TrialRecord, bool]], results: Mappi
             "tie_group": list(dec.tie_group), "decision_reason": reason,
             "decision": {"status": status, "reason": reason, "leader": dec.leader, "pick": dec.pick,
                          "tie_group": list(dec.tie_group), "tie_break": decision_stats.TIE_BREAK, "more": list(dec.more),
-                         "settled": list(dec.settled)},
+                         "settled": list(dec.settled), "needed": dec.needed},
             "winner_note": _note(winner, eligible, todo, obj, confidence, dec)}
 
 

@@ -206,7 +206,9 @@ class Decision:
     ``"single"`` or ``"racing"``), the leader, per trial its relation to the leader, the
     tie group (pick first), the pick, the trials that need another repeat, and the undecided
     contenders more repeats could not change the pick for (``settled``: ranked after the pick,
-    which is non-inferior to them; :func:`can_change_pick`)."""
+    which is non-inferior to them; :func:`can_change_pick`). For an ``undecidable`` race,
+    ``needed``: the smallest cap of the ladder :data:`NEEDED_LADDER` x ``max_repeats`` at which,
+    projected the same way, every open contender would be decided (None: none up to its top)."""
 
     status: str
     leader: int | None
@@ -216,6 +218,13 @@ class Decision:
     more: list[int] = field(default_factory=list)
     reason: str = ""
     settled: list[int] = field(default_factory=list)
+    needed: int | None = None
+
+
+#: the caps an ``undecidable`` race is projected to (multiples of its ``max_repeats``) for the
+#: repeats that would decide it: beyond 8x, a difference the node's noise hides that well is
+#: one no deployment would notice either, and the advice is a wider margin, not more launches
+NEEDED_LADDER = (2, 4, 8)
 
 
 def departure(params: Mapping[str, object], baseline: Mapping[str, object]) -> float:
@@ -418,13 +427,12 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
 
     cv2 = pooled_cv2([c.values for c in live])
 
-    def decidable(c: Contender) -> bool:
+    def decidable(c: Contender, n: int = max_repeats) -> bool:
         """Whether ``c`` could stop mattering within the repeat budget: projected to
-        ``max_repeats`` with its (and the leader's and the pick's) mean so far and the race's
+        ``n`` (``max_repeats``) with its (and the leader's and the pick's) mean so far and the race's
         pooled spread (:func:`pooled_cv2`; one config's spread at 3 repeats rests on 2 degrees of
         freedom and can be twice the node's, which stopped races a few launches from deciding),
         it separates from the leader, is equivalent to it, or the pick is non-inferior to it."""
-        n = max_repeats
         pl, pc = projected(lead.values, n, cv2), projected(c.values, n, cv2)
         if compare(pl, pc, maximize, margin, confidence, family, _beyond(c, lead, margin)) != "undecided":
             return True
@@ -439,6 +447,7 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     if more:
         return Decision("racing", lead.trial, rel, tie, chosen.trial, more, "racing")
     pct = f"{margin * 100:g} %"
+    needed: int | None = None
     left = [c for c in undecided if c not in open_]
     if len(live) == 1:
         status, reason = "single", f"t{lead.trial} is the only config that passed the confirmation."
@@ -451,11 +460,16 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
     elif open_:
         names = ", ".join(f"t{c.trial}" for c in open_)
         status = "undecidable"
+        needed = next((k * max_repeats for k in NEEDED_LADDER
+                       if all(decidable(c, k * max_repeats) for c in open_)), None)
+        then = (f"projected the same way, {needed} repeats per config would decide it "
+                f"(sweep.confirm.max_repeats={needed})" if needed else
+                f"no cap up to {NEEDED_LADDER[-1] * max_repeats} would (a difference this far below the "
+                f"run-to-run noise: a larger sweep.confirm.margin decides it, more repeats do not)")
         reason = (f"Not decidable within the repeat budget ({max_repeats} per config): t{lead.trial} "
                   f"({fmt(lead.mean)}) is not distinguishable from {names} at {confidence * 100:.0f} %, "
                   f"nor shown equivalent within {pct}, and projected from their means and spreads so far "
-                  f"it would still be neither at {max_repeats} repeats (not raced on; a larger "
-                  f"sweep.confirm.max_repeats or margin can decide it).")
+                  f"it would still be neither at {max_repeats} repeats (not raced on); {then}.")
     elif left:
         status = "pick_decided"
         how = ("is the leader" if chosen is lead
@@ -482,7 +496,7 @@ def decide(contenders: Sequence[Contender], maximize: bool, margin: float, confi
         reason += _rest_of_group(group, open_, left, rel, lead, pct, confidence)
     if len(group) > 1:
         reason += f" Tie group {', '.join(f't{t}' for t in tie)}; {pick_sentence(chosen.trial, decided_by(group, chosen))}"
-    return Decision(status, lead.trial, rel, tie, chosen.trial, [], reason, [c.trial for c in left])
+    return Decision(status, lead.trial, rel, tie, chosen.trial, [], reason, [c.trial for c in left], needed)
 
 
 def _rest_of_group(group: Sequence[Contender], open_: Sequence[Contender], left: Sequence[Contender],

@@ -152,11 +152,27 @@ def _tie_lines(ctx: Context) -> list[str]:
         why, flag = (f" The race ran them to its cap (`max_repeats`, {cap} per config).",
                      f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}")
     elif cap and status == "undecidable":
-        # the race stopped early: its cap could not decide them (projected); only a higher cap can
+        # the race stopped early: its cap could not decide them (projected); the cap the projection
+        # says would (decision "needed"), or, when none would, a wider margin and never more repeats
         reached = f"{at_cap} of them at its cap, " if at_cap else ""
-        why, flag = (f" The race stopped them early, at {runs} runs ({reached}`max_repeats` {cap} per config): "
-                     f"projected to the cap from their means and spreads so far, they could still not be decided.",
-                     f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}")
+        dec = conf.get("decision") or {}
+        # (a confirmation stored before the projection named a cap has no "needed": double the cap)
+        needed = dec.get("needed", max(2 * cap, cap + 4))
+        stopped = (f" The race stopped them early, at {runs} runs ({reached}`max_repeats` {cap} per config): "
+                   f"projected to the cap from their means and spreads so far, they could still not be decided")
+        if "needed" not in dec:
+            why, flag = f"{stopped}.", f"sweep.confirm.max_repeats={needed}"
+        elif not needed:
+            from sweeps.search.decision import NEEDED_LADDER
+
+            margin = float(conf.get("margin") or 0.01)
+            desc = "; ".join(_with_runs(e) for e in ties)
+            return [f"- **A tie more repeats would not split**: the winner {_with_runs(win)} overlaps {desc}.{stopped}, "
+                    f"nor at any cap up to {NEEDED_LADDER[-1]} times it: their difference is below what the node's run-to-run noise "
+                    f"lets repeats resolve, so the pick by the tie-break stands and is as good as they are. To call "
+                    f"them equivalent at a wider margin instead: `{rerun_command(ctx, f'sweep.confirm.margin={2 * margin:g}')}`."]
+        else:
+            why, flag = (f"{stopped}; at {needed} per config they would be.", f"sweep.confirm.max_repeats={needed}")
     elif cap and status == "budget_spent":
         why, flag = (f" The race's launch budget ran out with them at {runs} runs (`max_repeats` {cap} per config).",
                      f"sweep.confirm.max_repeats={max(2 * cap, cap + 4)}")
