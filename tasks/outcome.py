@@ -253,8 +253,9 @@ class Outcome(BaseModel):
 FIELD_NAMES = frozenset(Outcome.model_fields)
 
 
-def interrupted(phase: str | None = None) -> Outcome:
-    """An interrupted trial's outcome, in the phase its task reached; unknown means ``startup``
-    (the driver cannot show that a trial it never heard back from passed readiness)."""
-    return Outcome(status=Status.INTERRUPTED, phase=phase or "startup",
-                   failure_signature="sweep interrupted (SIGINT)")
+def interrupted(phase: str | None = None, signal: str = "SIGINT") -> Outcome:
+    """An interrupted trial's outcome, in the phase its task reached, stopped by ``signal``
+    (``SIGINT``, ``SIGTERM``); a phase not known (None, ``unknown``) means ``startup`` (the driver
+    cannot show that a trial it never heard back from passed readiness)."""
+    return Outcome(status=Status.INTERRUPTED, phase=phase if phase not in (None, "unknown") else "startup",
+                   failure_signature=f"sweep interrupted ({signal})")

@@ -62,6 +62,9 @@ def _err(overrides):
         (["sweep.params.eagle_num_steps.low=9"], "params.eagle_num_steps: low=9 > high=5"),
         (["sweep.baseline.allreduce=ring"], "sweep.baseline"),
         (["+sweep.budget.trails=3"], "sweep.budget.trails"),
+        # pydantic alone reads true as 1: one trial run instead of a refusal
+        (["sweep.budget.trials=true"], "sweep.budget.trials: Value error, true is not a number"),
+        (["bench.repeats=false"], "bench.repeats"),
         (["backend.tp_size=16"], "backend.tp_size=16 exceeds node.gpus=8"),
         (["sweep.constraints=[{name: never, expr: 'cuda_graph_max_bs > 100000'}]"], "no config in the space satisfies"),
         (["sweep.constraints=[{name: z, expr: 'cuda_graph_max_bs / 0 > 1'}]"], "cannot be evaluated"),

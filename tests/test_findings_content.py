@@ -211,6 +211,12 @@ def test_next_steps_ties_rechecks_and_plot_links(tmp_path):
             "node's profile (`conf/node/NODE.yaml`)") in sec and "<" not in sec.split("recheck source=")[1][:40]
     on_node = render_section(ctx(tmp_path, node={"name": "rtx_pro_6000x8"}), sweep())[0].split("### Next steps")[1]
     assert "`.venv/bin/python run_sweep.py sweep=recheck source=camp node=rtx_pro_6000x8_upgraded` (on" in on_node
+    # the recheck reads the source study in the store its last run was told (and nothing else of its overrides)
+    c = ctx(tmp_path, node={"name": "rtx_pro_6000x8"})
+    c.overrides = ["tracking.store_dir=/tmp/st", "sweep.budget.trials=60", "backend=instant"]
+    sec = render_section(c, sweep())[0].split("### Next steps")[1]
+    assert ("`.venv/bin/python run_sweep.py sweep=recheck source=camp node=rtx_pro_6000x8_upgraded "
+            "tracking.store_dir=/tmp/st` (on") in sec
     assert "[optimization_history](../store/reports/camp/optimization_history.png)" in sec
     assert "MLflow parent run" in sec
 

@@ -163,3 +163,11 @@ def test_a_new_field_is_one_edit():
     out = subprocess.run([sys.executable, "-c", PATCH], cwd=str(ROOT), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["71.5", "71.5", "71.5"]
+
+
+def test_an_interrupted_trial_names_its_signal_and_a_phase_it_reached():
+    from tasks.outcome import interrupted
+
+    o = interrupted("unknown", "SIGTERM")  # a task that reported no phase of its own
+    assert (o.status, o.phase, o.failure_signature) == ("interrupted", "startup", "sweep interrupted (SIGTERM)")
+    assert interrupted("bench").phase == "bench" and interrupted().failure_signature == "sweep interrupted (SIGINT)"

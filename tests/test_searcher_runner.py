@@ -110,3 +110,31 @@ def test_the_drivers_own_raylet_dying_stops_the_sweep_and_a_lost_node_does_not()
         collect(Raising(LocalRayletDiedError()), object())
     res = collect(Raising(NodeDiedError("node 1 died")), object())
     assert res.status == "infra_error"
+
+
+def test_a_probe_that_reports_while_the_sweep_stops_is_re_queued_not_kept_as_the_trial():
+    """A stopping sweep keeps the result of a trial that finished ok while it drained, never a
+    probe's: a probe is only the first step of its trial (an ok probe kept would be a trial with no
+    tok/s that counts against the budget and is never benchmarked); a re-question's probe is its
+    whole trial and is kept."""
+    import dataclasses
+
+    import optuna
+
+    from sweeps.run.runner import InFlight
+    from sweeps.search.loop import kept_on_interrupt
+    from sweeps.search.probes import A_REQUESTION
+    from tasks.types import TrialResult
+
+    study = optuna.create_study()
+    ts = TrialSpec(sweep="s", trial_number=0, params={}, argv=["x"], env={}, backend="instant", gpus=8,
+                   bench=BenchSpec(output_len=8, repeats=1), timeouts=Timeouts())
+    ok, failed = TrialResult(status="ok"), TrialResult(status="failed", failure_class="server_crash")
+    full = InFlight(study.ask(), {}, ts, 1)
+    probe = InFlight(study.ask(), {}, dataclasses.replace(ts, probe=True), 1)
+    requestion = study.ask()
+    requestion.set_user_attr(A_REQUESTION, {"rule": 1})
+    reprobe = InFlight(requestion, {}, dataclasses.replace(ts, probe=True), 1)
+    assert kept_on_interrupt(full, ok) and not kept_on_interrupt(full, failed)
+    assert not kept_on_interrupt(probe, ok)
+    assert kept_on_interrupt(reprobe, ok)

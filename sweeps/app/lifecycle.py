@@ -24,8 +24,10 @@ def execute(drv: Driver) -> Driver:
     def on_sigint(signum: int, frame: Any) -> None:
         if drv.interrupted:
             raise KeyboardInterrupt
-        print("\nservesweep: stopping (Ctrl-C again to abort); tearing down running trials...", file=sys.stderr)
-        drv.interrupted = True
+        name = signal.Signals(signum).name
+        print(f"\nservesweep: stopping on {name} (Ctrl-C again to abort); tearing down running trials...",
+              file=sys.stderr)
+        drv.interrupted = name
 
     prev_term = signal.getsignal(signal.SIGTERM)
     try:

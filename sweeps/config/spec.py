@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sweeps.config.bench import BenchConfig
 from sweeps.config.objective import (
@@ -37,8 +47,30 @@ class ConfigError(ConfigurationError, ValueError):
     """Invalid configuration. ``str(err)`` lists one ``field: problem (fix)`` per line."""
 
 
+def _types(ann: Any) -> set[Any]:
+    """The plain types an annotation admits (``int | None`` -> {int, NoneType}; Annotated unwrapped)."""
+    args = get_args(ann)
+    if not args:
+        return {ann}
+    if get_origin(ann) is Annotated:
+        return _types(args[0])
+    if get_origin(ann) in (Union, UnionType):
+        return set().union(*(_types(a) for a in args))
+    return {get_origin(ann)}
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _number_not_bool(cls, v: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1 for an int field: sweep.budget.trials=true would run one trial
+        if isinstance(v, bool) and info.field_name is not None:
+            types = _types(cls.model_fields[info.field_name].annotation)
+            if bool not in types and types & {int, float}:
+                raise ValueError(f"{str(v).lower()} is not a number; give a number")
+        return v
 
 
 class NodeConfig(_Model):

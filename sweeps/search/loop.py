@@ -50,6 +50,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 STOP_GRACE_S = 5.0
 
 
+def kept_on_interrupt(f: InFlight, got: TrialResult) -> bool:
+    """Whether a task that reported while a stopping sweep drained keeps its result: one that
+    finished ok, unless it was a probe, which is only the first step of its trial (a re-question's
+    probe excepted: it is the whole trial); the rest are recorded interrupted and re-queued."""
+    return got.status == "ok" and (not f.spec.probe or bool(f.trial.user_attrs.get(A_REQUESTION)))
+
+
 class SweepLoop:
     """One sweep: a searcher and a runner over its study, and a publisher.
 
@@ -84,7 +91,8 @@ class SweepLoop:
         self._fingerprint: dict[str, str] = {}  # until the searcher holds it
         self._pending_flush = False  # finished trials not yet synced to MLflow / findings
         self.stop_reason: str | None = None
-        self.interrupted = False
+        #: False while running; the signal's name (SIGINT, SIGTERM) once a stop was asked for
+        self.interrupted: bool | str = False
         self.t_start = time.monotonic()
         self.launched = 0
         #: the study's launches when this run started (a resumed study's earlier runs)
@@ -419,16 +427,17 @@ class SweepLoop:
     def interrupt(self) -> None:
         """Ctrl-C: cancel running trials (their tasks tear servers down), record them interrupted
         and re-queue their configs; a trial that finished ok meanwhile keeps its result."""
-        self.interrupted = True
-        self.stop_reason = "interrupted (Ctrl-C)"
+        how = self.interrupted if isinstance(self.interrupted, str) else "SIGINT"
+        self.interrupted = how
+        self.stop_reason = f"interrupted ({'Ctrl-C' if how == 'SIGINT' else how})"
         if self.runner is None:
             return
         searcher = self._searcher()
         self.runner.cancel_all()
         deadline = time.monotonic() + self.spec.backend.timeouts.term_grace_s + 15
         for f, got in self.runner.drain(deadline):
-            res = got if got is not None and got.status == "ok" else \
-                interrupted_result(got.phase if got is not None else None)
+            res = got if got is not None and kept_on_interrupt(f, got) else \
+                interrupted_result(got.phase if got is not None else None, how)
             self._record(f, res)
             if res.status == "interrupted":
                 searcher.requeue(f)
@@ -451,7 +460,7 @@ class SweepLoop:
         # findings and summary first: the parent run's artifacts are their final state
         self.publisher.write_findings(self.study, recs, self.fingerprint, self.rules)
         self.publisher.summary(recs, best, base, self.stop_reason, conf)
-        self.publisher.final(self.study, recs, best, base, self.stop_reason, self.interrupted)
+        self.publisher.final(self.study, recs, best, base, self.stop_reason, bool(self.interrupted))
         return best
 
     def _serving_check(self, conf: dict[str, Any]) -> dict[str, Any]:

@@ -48,6 +48,7 @@ def write_outcome(trial: Any, outcome: Outcome | Mapping[str, Any], what: str) -
     return rec
 
 
-def interrupted_result(phase: str | None = None) -> Outcome:
-    """:func:`tasks.outcome.interrupted` (an interrupted trial's outcome, in the phase it reached)."""
-    return interrupted(phase)
+def interrupted_result(phase: str | None = None, signal: str = "SIGINT") -> Outcome:
+    """:func:`tasks.outcome.interrupted` (an interrupted trial's outcome, in the phase it reached,
+    stopped by ``signal``)."""
+    return interrupted(phase, signal)

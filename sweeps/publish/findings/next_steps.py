@@ -208,6 +208,8 @@ def _recheck_lines(ctx: Context, recs: Sequence[records.TrialRecord]) -> list[st
     if not seen:
         return []
     # a word, not "<...>": a shell reads an angle bracket as a redirection when the command is pasted
+    # (and the study's store, as its last run was told it: the recheck reads the source study there)
+    store = "".join(f" {shlex.quote(o)}" for o in ctx.overrides if o.partition("=")[0].lstrip("+~").startswith("tracking."))
     node = upgraded_node(str(ctx.node.get("name") or "")) or "NODE"
     where = "" if node != "NODE" else ", NODE being the upgraded node's profile (`conf/node/NODE.yaml`)"
     parts = [f"{cls} ({trials(ns, 4)}" + (f", {skipped[cls]} skipped" if skipped.get(cls) else "")
@@ -215,7 +217,7 @@ def _recheck_lines(ctx: Context, recs: Sequence[records.TrialRecord]) -> list[st
     return ["- **Rechecks worth running after an upgrade** (dead ends that depend on the GPU architecture or a "
             "component version): " + "; ".join(parts)
             + f". Re-run each once on the new stack: `{PYTHON} run_sweep.py sweep=recheck source={ctx.study} "
-            f"node={node}`{where} (on the node they were learned on they all still apply, and nothing is "
+            f"node={node}{store}`{where} (on the node they were learned on they all still apply, and nothing is "
             "re-run)."]
 
 
