@@ -196,7 +196,7 @@ def run(cfg: Any, driver_cls: type[Driver] = Driver) -> float | tuple[float | No
     if b is not None and drv.launched_before >= b and spec.sweep.mode == "search":
         # a finished study run again: the summary above is the earlier run's, and overrides that
         # shape the search (the space, the sampler, the approaches) changed nothing
-        print(f"servesweep: study {drv.study_name!r} had already spent its trial budget ({b} launched) in an "
+        print(f"note: study {drv.study_name!r} had already spent its trial budget ({b} launched) in an "
               f"earlier run: no search trial was launched this time, so overrides of the search (space, "
               f"sampler, approaches) changed nothing. new_study=true starts a fresh study with them; a higher "
               f"sweep.budget.trials continues this one.", file=sys.stderr, flush=True)

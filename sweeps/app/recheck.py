@@ -57,6 +57,7 @@ from sweeps.publish.recheck_report import (  # noqa: F401 - re-exported: the rec
     NOT_RERUN,
     PENDING,
     SOURCE_ATTR,
+    STILL_DEGRADED,
     STILL_FAILING,
     STILL_OK,
     DeadEnd,

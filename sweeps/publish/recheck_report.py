@@ -19,6 +19,9 @@ SOURCE_ATTR = "recheck_source"
 FIXED = "fixed"
 STILL_FAILING = "still failing"
 NEW_CLASS = "still failing (new class)"
+#: a dead end of a silently replaced all-reduce path that ran again on the replacement: it served
+#: (ok, its tok/s shown) and the path is still off, so it is not fixed, nor a failure
+STILL_DEGRADED = "still degraded"
 STILL_OK = "still ok"
 NEWLY_FAILING = "newly failing"
 NOT_RERUN = "not re-run (same environment)"
@@ -96,7 +99,7 @@ def outcomes(study: optuna.Study, not_rerun: list[DeadEnd] | None = None) -> lis
         elif r.status == "ok" and records.counts_for_level(r):
             o = Outcome(d, FIXED, t.number, r.status, None, r.value)
         elif r.status == "ok":  # ran, but the allreduce level was silently replaced
-            o = Outcome(d, STILL_FAILING if d.failure_class == records.DEGRADED else NEW_CLASS, t.number, r.status,
+            o = Outcome(d, STILL_DEGRADED if d.failure_class == records.DEGRADED else NEW_CLASS, t.number, r.status,
                         records.DEGRADED, r.value)
         else:
             o = Outcome(d, STILL_FAILING if r.failure_class == d.failure_class else NEW_CLASS, t.number, r.status,
