@@ -204,20 +204,23 @@ def test_corrupt_tokens_on_real_emulated_servers(tmp_path):
     assert all(e["tokens_match"] is True for e in others)  # real greedy ids from the emulator matched
 
 
+def _two_close_configs(tmp_path, slow_measured: float) -> _Driver:
+    """A race of the baseline (82), two configs close under 1.5 % noise (t1 G64 truly 88.6, t2
+    CUSTOM128 truly 91.0; the simpler t1 measured ahead) and a truly slow one (t3, 80.0)."""
+    slow = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
+    study = _study([(BASE, 82.0, True), (G64, 91.0, False), (CUSTOM128, 90.5, False), (slow, slow_measured, False)])
+    truth = {records.config_key(BASE): 82.0, records.config_key(G64): 88.6, records.config_key(CUSTOM128): 91.0,
+             records.config_key(slow): 80.0}
+    return _Driver(tmp_path, study, truth)
+
+
 def test_the_race_repeats_only_the_undecided_and_repeats_accumulate(tmp_path):
     """Two configs close under 1.5 % noise, the simpler one (the pick by the tie-break) not the
     leader: the race gives the leader and the pick more repeats (not the clearly slower config
     or the baseline), up to the budget, and reports them as a tie group; a rerun launches
     nothing, a larger budget only adds launches. (Futility off: at 6 repeats this race is not
     decidable, and the default stops it at once: the next test.)"""
-    base = BASE
-    a = G64
-    b = CUSTOM128
-    slow = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
-    study = _study([(base, 82.0, True), (a, 91.0, False), (b, 90.5, False), (slow, 90.0, False)])
-    truth = {records.config_key(base): 82.0, records.config_key(a): 88.6, records.config_key(b): 91.0,
-             records.config_key(slow): 80.0}
-    drv = _Driver(tmp_path, study, truth)
+    drv = _two_close_configs(tmp_path, slow_measured=90.0)
     out = confirm.confirm_top(drv, k=3, repeats=3, max_repeats=6, margin=0.01, futility=False)
     by = {e["trial"]: e for e in out["entries"]}
     assert by[0]["launched"] == 3 and by[3]["launched"] == 3  # separated after the first 3: no race
@@ -652,11 +655,8 @@ def test_a_continued_study_keeps_the_stored_tie_group_in_its_race(tmp_path):
     """A study continued with more trials ranks new configs above a tied contender by their single
     runs: the contender and its repeats stay in the race (the tie group is evidence), never
     dropped from the confirmation because a new top k left it out."""
-    slow = {"speculative": "none", "allreduce": "nccl", "cuda_graph_max_bs": 128}
-    study = _study([(BASE, 82.0, True), (G64, 91.0, False), (CUSTOM128, 90.5, False), (slow, 80.0, False)])
-    truth = {records.config_key(BASE): 82.0, records.config_key(G64): 88.6, records.config_key(CUSTOM128): 91.0,
-             records.config_key(slow): 80.0}
-    drv = _Driver(tmp_path, study, truth)
+    drv = _two_close_configs(tmp_path, slow_measured=80.0)
+    study = drv.study
     out = confirm.confirm_top(drv, k=2, repeats=3, max_repeats=6, margin=0.01, futility=False)
     assert set(out["tie_group"]) == {1, 2}, out["decision_reason"]
     # the study goes on: a new config's single run ranks above both tied configs
