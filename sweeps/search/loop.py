@@ -298,7 +298,9 @@ class SweepLoop:
         runner = self._runner()
         # a resumed study whose space was used up: a sampler's ask would only add one more
         # proposal answered without GPU time, on every rerun of the same command
-        if self.launched_before and not runner.inflight and self._searcher().exhausted(self._running()):
+        # (a spent budget is the stop's reason first: budget_left() records it)
+        if self.launched_before and not runner.inflight and self.budget_left() \
+                and self._searcher().exhausted(self._running()):
             self.stop_reason = self.stop_reason or EXHAUSTED
         while True:
             while self._room():
