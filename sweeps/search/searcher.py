@@ -133,7 +133,7 @@ class Searcher:
         if not crosses:
             return
         taken = taken_keys(self.study, inflight)
-        allowed = allowed_by_knowledge(self.rules, self.fingerprint, self.study, self.spec.model.name, self.study_name)
+        allowed = self._allowed()
         for cfg, t, o in crosses:
             try:
                 cfg = self.space.normalize(cfg)
@@ -147,6 +147,10 @@ class Searcher:
             self.study.enqueue_trial(cfg, user_attrs={**attrs, "enqueue_attrs": attrs})
             return
 
+    def _allowed(self) -> Any:
+        """:func:`allowed_by_knowledge` of this sweep's node, model and study (a config filter)."""
+        return allowed_by_knowledge(self.rules, self.fingerprint, self.study, self.spec.model.name, self.study_name)
+
     def exhausted(self, running: Running) -> bool:
         """True when no trial is queued and no untried config the node's knowledge allows is
         left (the untried draw finds none): asking the sampler then only re-proposes a config
@@ -154,7 +158,7 @@ class Searcher:
         if not self.gated or waiting(self.study):
             return False
         inflight = [p for _, p in running]
-        allowed = allowed_by_knowledge(self.rules, self.fingerprint, self.study, self.spec.model.name, self.study_name)
+        allowed = self._allowed()
         return self.untried.draw(taken_keys(self.study, inflight), allowed) is None
 
     def _due_within(self, running: Running) -> dict[str, Any] | None:
@@ -194,7 +198,7 @@ class Searcher:
         study_store.tell(self.study, trial, study_store.verdict_for(skip.status, source=skip.source))
         if not self.gated:
             return True
-        allowed = allowed_by_knowledge(self.rules, self.fingerprint, self.study, self.spec.model.name, self.study_name)
+        allowed = self._allowed()
         inflight = [p for _, p in running]
         within = self._due_within(running)
         if within and redirect(self.study, self.untried, inflight, allowed, self.objectives,
