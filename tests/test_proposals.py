@@ -14,7 +14,7 @@ import pytest
 from sweeps.app.inprocess import run_in_process
 from sweeps.config.space import parse_space
 from sweeps.config.spec import load_spec
-from sweeps.search.untried import A_UNTRIED, EXHAUSTED, UntriedDraw, distance
+from sweeps.search.untried import A_UNTRIED, EXHAUSTED, UntriedDraw, distance, ordered_knobs
 from sweeps.store import records
 from tests.conftest import compose_cfg
 
@@ -365,3 +365,50 @@ def test_a_repair_is_not_preferred_for_the_knobs_its_approach_turns_on():
                     "rule")
     got = dict(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))[0].system_attrs["fixed_params"])
     assert got["spec"] == "none" and distance(got, incumbent) == 1, got
+
+
+def _reference_draw(draw, taken, allowed, near, model):
+    """The draw's order rated config by config (the definition the coded ranking must match)."""
+    gain = model.gain if model is not None else (lambda c, n: 0.0)
+    ranges = model.knob_ranges(near) if model is not None else {}
+
+    def key(c):
+        moved = max((ranges.get(k, 0.0) for k, v in c.items() if near.get(k) != v), default=0.0)
+        return draw.move_distance(c, near), -round(gain(c, near), 9), -moved
+    for cfg in sorted(draw._candidates(), key=key):
+        if records.config_key(cfg) not in taken and allowed(cfg):
+            return cfg
+    return None
+
+
+def test_the_coded_ranking_draws_what_rating_each_config_draws_on_the_campaign_space(tmp_path):
+    """On the campaign space (constraints, inactive draft knobs, ~37k configs), with fitted level
+    models, taken configs and a knowledge filter, the draw picks exactly the config the per-config
+    rating picks, for anchors feasible and not, inside the space and outside it."""
+    import random
+
+    from sweeps.search.untried import level_model
+    from sweeps.store.study import DEFAULT_OBJECTIVES
+
+    space = _spec(tmp_path, "sweep=eagle3_allreduce").space
+    rng = random.Random(7)
+    draw = UntriedDraw(space, seed=3)
+    every = list(draw._candidates())
+    checked = 0
+    for case in range(12):
+        measured = rng.sample(every, 3 + case * 3)
+        recs = _recs([(p, rng.uniform(40, 90)) for p in measured])
+        model = level_model(recs, DEFAULT_OBJECTIVES, ordered_knobs(space)) if case % 4 else None
+        taken = {records.config_key(p) for p in measured}
+        anchor = dict(rng.choice(measured))
+        if case % 3 == 1:  # an infeasible anchor: one knob moved off its constraint
+            anchor = {**anchor, "cuda_graph_max_bs": 512, "eagle_num_draft_tokens": 8} \
+                if "eagle_num_draft_tokens" in anchor else {**anchor, "outside_the_space": 1}
+        dead = rng.choice(sorted({str(p.get("allreduce")) for p in every}))
+
+        def allowed(c, dead=dead):
+            return str(c.get("allreduce")) != dead
+        got = draw.draw(taken, allowed, near=anchor, model=model)
+        assert got == _reference_draw(draw, taken, allowed, anchor, model), (case, anchor)
+        checked += got is not None
+    assert checked == 12
