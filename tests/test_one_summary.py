@@ -123,7 +123,7 @@ def test_counts_add_up_and_book_every_launch(swept):
     for r in probes:
         assert f"re-questioned by a probe (t{r.number}" in dead, dead
     assert c.answered == sum(c.by_reason.values())
-    assert c.launched == c.ok + c.degraded + c.failed + c.infra
+    assert c.launched == c.ok + c.degraded + c.failed + c.infra + c.interrupted
     # a launch whose server fell back to another allreduce path is not counted ok: it measured no level
     fell_back = [r for r in recs if r.budgeted and r.status == "ok" and not records.counts_for_level(r)]
     assert c.degraded == len(fell_back)
@@ -430,3 +430,14 @@ def test_the_console_table_leaves_blank_what_a_config_does_not_have():
                                                                                       "ttft_ms_p50": float("nan")}})
     assert _latency_cells(plain) == ("83", "11.1", "-")
     assert _latency_cells(eagle) == ("-", "-", "1.67")
+
+
+def test_a_trial_the_sweep_interrupted_is_counted_apart_from_infra_errors():
+    from sweeps.config.objective import Objective
+
+    recs = [_rec(0, value=80.0, is_baseline=True), _rec(1, status="infra_error"), _rec(2, status="interrupted")]
+    s = build_summary("s", Objective(), recs)
+    c = s.counts
+    assert (c.launched, c.infra, c.interrupted) == (3, 1, 1)
+    assert "3 launched (1 ok, 0 failed, 1 infra, 1 interrupted and re-queued)" in s.counts_text(), s.counts_text()
+    assert "interrupted" not in build_summary("s", Objective(), recs[:2]).counts_text()

@@ -67,9 +67,10 @@ class Counts:
 
     Attributes:
         proposals: finished proposals (``launched + probes + answered``).
-        launched: launched trials of the trial budget (GPU time spent); ``ok``/``degraded``/``failed``/``infra``
-            of them (``degraded``: the server came up on another allreduce path than the config names, seen
-            in its probe or its log, so it was not measured as that level; not in ``ok``).
+        launched: launched trials of the trial budget (GPU time spent); ``ok``/``degraded``/``failed``/``infra``/
+            ``interrupted`` of them (``degraded``: the server came up on another allreduce path than the
+            config names, seen in its probe or its log, so it was not measured as that level; not in
+            ``ok``. ``interrupted``: stopped with the sweep, which re-queued its config).
         probes: re-question probes (:attr:`sweeps.store.records.TrialRecord.requestion`): GPU
             time spent, not launches of the budget; ``probes_passed`` of them no longer
             reproduced their dead end.
@@ -90,6 +91,7 @@ class Counts:
     degraded: int = 0
     failed: int = 0
     infra: int = 0
+    interrupted: int = 0
     answered: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
     by_class: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -201,7 +203,8 @@ class StudySummary:
         c = self.counts
         why = ", ".join(f"{v} {k}" for k, v in c.by_reason.items() if v)
         deg = f"{c.degraded} on a degraded allreduce path, " if c.degraded else ""
-        return (f"{c.proposals} proposals: {c.launched} launched ({c.ok} ok, {deg}{c.failed} failed, {c.infra} infra), "
+        stopped = f", {c.interrupted} interrupted and re-queued" if c.interrupted else ""
+        return (f"{c.proposals} proposals: {c.launched} launched ({c.ok} ok, {deg}{c.failed} failed, {c.infra} infra{stopped}), "
                 + (f"{c.probes_text()}, " if c.probes else "")
                 + f"{c.answered} answered without GPU time" + (f" ({why})" if why else "")
                 + f"; {c.confirm_launches} confirmation launches" + (
@@ -374,7 +377,8 @@ def count_proposals(recs: Sequence[trial_records.TrialRecord], confirmation: Map
                   ok=sum(r.status == "ok" and trial_records.counts_for_level(r) for r in launched),
                   degraded=sum(r.status == "ok" and not trial_records.counts_for_level(r) for r in launched),
                   failed=sum(r.status == "failed" for r in launched),
-                  infra=sum(r.status in ("infra_error", "interrupted") for r in launched),
+                  infra=sum(r.status == "infra_error" for r in launched),
+                  interrupted=sum(r.status == "interrupted" for r in launched),
                   answered=len(answered), by_reason={k: reasons[k] for k in sorted(reasons)},
                   by_class={k: (v[0], v[1]) for k, v in sorted(by_class.items(), key=lambda kv: -sum(kv[1]))},
                   confirm_launches=confirm_launches(confirmation), confirm_failed=confirm_failures(confirmation),
