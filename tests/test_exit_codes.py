@@ -243,3 +243,17 @@ def test_an_unreachable_optuna_database_is_one_line_exit_2_without_its_password(
     assert "tracking.optuna_storage" in line and "Connection refused" in line and "***" in line
     assert "s3cr3tpw" not in err and not any("s3cr3tpw" in p.read_text(errors="replace")
                                             for p in tmp_path.rglob("*") if p.is_file())
+
+
+def test_a_sweep_interrupted_before_any_trial_finished_says_so_and_resumes(tmp_path):
+    """Its only launch was interrupted: the line says no trial finished and one was re-queued (not
+    'no trial was launched' beside a count of one launch), and the next step is the same command."""
+    from sweeps.config.spec import load_spec
+    from sweeps.publish.outcome import NOTHING_MEASURED, sweep_outcome
+    from sweeps.store.records import TrialRecord
+
+    recs = [TrialRecord(0, "COMPLETE", {"allreduce": "nccl"}, "interrupted", {}, is_baseline=True)]
+    out = sweep_outcome(recs, load_spec(_cfg(tmp_path)), "smoke")
+    assert out.kind == NOTHING_MEASURED and out.line is not None
+    assert "no trial finished: 1 interrupted when the sweep stopped" in out.line, out.line
+    assert "no trial was launched" not in out.line and "Next: run the same command again" in out.line, out.line

@@ -59,6 +59,7 @@ _NEXT_SKIPPED = ("every proposal was answered without a launch: the known dead e
 #: proposals answered on the way (a wall-time budget spent on startup and preflight)
 _NEXT_BUDGET = "{reason} before any launch: raise {knob}"
 _BUDGET_STOPS = ("wall-time budget", "GPU-hour budget")
+_NEXT_INTERRUPTED = "run the same command again: it resumes the study and launches the re-queued config(s) first"
 _NEXT_UNRANKED = ("no measured config counts: relax sweep.objective_constraints, or check why the measurements "
                   "were set aside (the findings: {findings})")
 
@@ -111,6 +112,7 @@ def nothing_line(recs: list[records.TrialRecord], spec: Any, study_name: str, st
     failed = [r for r in launched if r.status != "ok"]
     unranked = [r for r in launched if r.status == "ok"]
     answered = [r for r in recs if not r.launched and r.status in ("skipped", "infeasible")]
+    stopped = [r for r in recs if r.status == "interrupted"]
     parts: list[str] = []
     if failed:
         base = " (the baseline too)" if any(r.is_baseline for r in failed) else ""
@@ -119,7 +121,8 @@ def nothing_line(recs: list[records.TrialRecord], spec: Any, study_name: str, st
     if unranked:
         parts.append(f"{len(unranked)} measured but set aside: {_counts(Counter(_unmeasured(r, obj) for r in unranked))}")
     if not launched:
-        parts.append("no trial was launched")
+        parts.append(f"no trial finished: {len(stopped)} interrupted when the sweep stopped, its config re-queued"
+                     if stopped else "no trial was launched")
     if answered:
         why = Counter((f"known dead end {r.failure_class}" if r.skipped_by_rule else
                        "duplicate" if r.duplicate_of is not None else r.failure_class or r.status) for r in answered)
@@ -130,6 +133,8 @@ def nothing_line(recs: list[records.TrialRecord], spec: Any, study_name: str, st
         step = _next_step(top_cls, kind, spec) + f" ({logs})"
     elif unranked:
         step = _NEXT_UNRANKED.format(findings=spec.findings_path)
+    elif not launched and stopped:
+        step = _NEXT_INTERRUPTED
     elif not launched and stop_reason and (budget := next((b for b in _BUDGET_STOPS if b in stop_reason), None)):
         step = _NEXT_BUDGET.format(reason=stop_reason, knob=STOP_KNOBS[budget])
     else:
