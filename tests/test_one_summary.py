@@ -441,3 +441,24 @@ def test_a_trial_the_sweep_interrupted_is_counted_apart_from_infra_errors():
     assert (c.launched, c.infra, c.interrupted) == (3, 1, 1)
     assert "3 launched (1 ok, 0 failed, 1 infra, 1 interrupted and re-queued)" in s.counts_text(), s.counts_text()
     assert "interrupted" not in build_summary("s", Objective(), recs[:2]).counts_text()
+
+
+def test_a_re_question_probe_that_gave_no_answer_is_not_counted_as_reproducing_its_dead_end():
+    """A hung server's probe (health_check_failed, a transient class) and a stopped one said nothing
+    about their dead ends: the console said 'no answer, the rule stands' while the counts said
+    'reproduced'."""
+    from sweeps.config.objective import Objective
+
+    q = {records.A_REQUESTION: {"rules": [1]}}
+    recs = [_rec(0, value=80.0, is_baseline=True),
+            _rec(1, status="failed", probe=q, failure_class="flashinfer_sm120_unsupported", failure_kind="deterministic"),
+            _rec(2, status="failed", probe=q, failure_class="health_check_failed", failure_kind="transient"),
+            _rec(3, status="interrupted", probe=q), _rec(4, status="ok", probe=q)]
+    c = build_summary("s", Objective(), recs).counts
+    assert (c.probes, c.probes_passed, c.probes_unanswered) == (4, 1, 2)
+    assert c.probes_text() == ("4 re-question probes (1 reproduced its dead end, 1 no longer did, "
+                               "2 gave no answer: their rules stand)"), c.probes_text()
+    from sweeps.publish.findings.dead_ends import _trials_text
+
+    assert _trials_text([recs[1]]).endswith("it still fails")
+    assert _trials_text([recs[2]]).endswith("no answer, the rule stands")  # the findings' dead-end entry too

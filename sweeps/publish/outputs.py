@@ -142,8 +142,7 @@ class Publisher:
             if passed:
                 what = (f"passed: retired {', '.join(retired)} (dead end no longer reproduces)" if retired
                         else "passed: the dead end no longer reproduces")
-            elif res.status in ("interrupted", "infra_error") or res.failure_kind in ("transient", "infra"):
-                # stopped, or failed for the node's or a passing reason: it answered nothing about the rule
+            elif trial_records.requestion_unanswered(res.status, res.failure_kind):
                 what = f"{how}: no answer, the rule stands"
             else:
                 what = f"{how}: the dead end still reproduces"

@@ -73,7 +73,8 @@ class Counts:
             ``ok``. ``interrupted``: stopped with the sweep, which re-queued its config).
         probes: re-question probes (:attr:`sweeps.store.records.TrialRecord.requestion`): GPU
             time spent, not launches of the budget; ``probes_passed`` of them no longer
-            reproduced their dead end.
+            reproduced their dead end, ``probes_unanswered`` said nothing about it (stopped, or
+            failed for a node's or passing reason: :func:`sweeps.store.records.requestion_unanswered`).
         answered: proposals answered without GPU time; ``by_reason`` splits them (rule,
             duplicate, degraded, infeasible, other).
         by_class: failure class -> ``(launched trials and re-question probes that hit it, proposals skipped for it)``;
@@ -87,6 +88,7 @@ class Counts:
     launched: int = 0
     probes: int = 0
     probes_passed: int = 0
+    probes_unanswered: int = 0
     ok: int = 0
     degraded: int = 0
     failed: int = 0
@@ -105,12 +107,15 @@ class Counts:
         return self.launched + self.probes + self.confirm_launches + self.serving_launches
 
     def probes_text(self) -> str:
-        """``4 re-question probes (3 reproduced their dead end, 1 no longer did)``; "" without any."""
+        """``4 re-question probes (2 reproduced their dead end, 1 no longer did, 1 gave no answer: its
+        rule stands)``; "" without any."""
         if not self.probes:
             return ""
-        kept = self.probes - self.probes_passed
+        kept = self.probes - self.probes_passed - self.probes_unanswered
+        stands = "its rule stands" if self.probes_unanswered == 1 else "their rules stand"
+        silent = f", {self.probes_unanswered} gave no answer: {stands}" if self.probes_unanswered else ""
         return (f"{self.probes} re-question probe{'s' if self.probes != 1 else ''} ({kept} reproduced "
-                f"{'its' if self.probes == 1 else 'their'} dead end, {self.probes_passed} no longer did)")
+                f"{'its' if kept == 1 else 'their'} dead end, {self.probes_passed} no longer did{silent})")
 
 
 @dataclass(frozen=True)
@@ -374,6 +379,8 @@ def count_proposals(recs: Sequence[trial_records.TrialRecord], confirmation: Map
             by_class.setdefault(r.failure_class, [0, 0])[1] += 1
     return Counts(proposals=len(launched) + len(probes) + len(answered), launched=len(launched), probes=len(probes),
                   probes_passed=sum(trial_records.requestion_passed(r.status, r.probe) for r in probes),
+                  probes_unanswered=sum(not trial_records.requestion_passed(r.status, r.probe)
+                                        and trial_records.requestion_unanswered(r.status, r.failure_kind) for r in probes),
                   ok=sum(r.status == "ok" and trial_records.counts_for_level(r) for r in launched),
                   degraded=sum(r.status == "ok" and not trial_records.counts_for_level(r) for r in launched),
                   failed=sum(r.status == "failed" for r in launched),

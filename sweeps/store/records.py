@@ -84,6 +84,13 @@ def requestion_passed(status: str, probe: Mapping[str, Any] | None) -> bool:
     return status == "ok" and is_requestion(probe) and not (probe or {}).get("dead_end")
 
 
+def requestion_unanswered(status: str, failure_kind: str | None) -> bool:
+    """True for a re-question probe that said nothing about its dead end: stopped with the sweep
+    (``interrupted``), or failed for the node's or a passing reason (an infra error, a class of
+    kind ``transient`` or ``infra``: a hung server's health check). Its rule stands, unconfirmed."""
+    return status in ("interrupted", "infra_error") or failure_kind in ("transient", "infra")
+
+
 class TrialRecord(Outcome):
     """One trial as the findings/report/MLflow code sees it: its stored :class:`Outcome`
     (every outcome field, under the same name) with the trial's identity.

@@ -49,14 +49,17 @@ def _requestioned(r: records.TrialRecord) -> str:
 def _trials_text(rs: Sequence[records.TrialRecord]) -> str:
     """The failing trials of one class: ``t7, t9``, and for each re-question probe among them
     ``re-questioned by a probe (t5, of rule 3): it still fails`` (a probe-only launch of a known
-    dead end, outside the trial budget)."""
+    dead end, outside the trial budget), or ``... no answer, the rule stands`` for a probe that failed
+    for a node's or passing reason (:func:`sweeps.store.records.requestion_unanswered`)."""
     full = [r for r in rs if not r.requestion]
     parts = [trials(r.number for r in full)] if full else []
     for r in rs:
         if r.requestion:
             asked = _requestioned(r)
             parts.append(f"re-questioned by a probe (t{r.number}" + (f", of {asked}" if asked else "")
-                         + "; one probe-only launch, outside the trial budget): it still fails")
+                         + "; one probe-only launch, outside the trial budget): "
+                         + ("no answer, the rule stands" if records.requestion_unanswered(r.status, r.failure_kind)
+                            else "it still fails"))
     return "; ".join(parts)
 
 
