@@ -136,6 +136,12 @@ class Classification:
     phase: str = ""
 
     @property
+    def decisive_line(self) -> str:
+        """:attr:`line` as a person reads it: control characters dropped, stripped, at most
+        :data:`MAX_SIGNATURE_CHARS` chars ("" when no line decided)."""
+        return strip_control(self.line).strip()[:MAX_SIGNATURE_CHARS]
+
+    @property
     def healthy(self) -> bool:
         """The log shows a healthy server (:data:`HEALTHY`): no failure."""
         return self.failure_class == HEALTHY

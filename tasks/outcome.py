@@ -124,7 +124,10 @@ class Outcome(BaseModel):
         failure_class: canonical class id (a key of ``tasks.failures.KIND``) or None; also a
             perf class on an ok trial (``allreduce_path_degraded``).
         failure_kind: ``deterministic`` | ``transient`` | ``infra`` | ``perf`` or None.
-        failure_signature: the decisive log line with numbers/paths masked.
+        failure_signature: the decisive log line with numbers/paths masked (what rules match).
+        failure_line: the decisive log line itself, redacted, at most 300 chars
+            (``tasks.failures.Classification.decisive_line``; "" when no line decided or the class
+            came from elsewhere): what the console shows.
         phase: lifecycle phase where the failure happened (``preflight``, ``startup``,
             ``warmup``, ``bench``, ``teardown``).
         exit_code: the server's exit code when it had exited, else None.
@@ -150,6 +153,7 @@ class Outcome(BaseModel):
     failure_class: str | None = None
     failure_kind: str | None = None
     failure_signature: str | None = None
+    failure_line: str = ""
     phase: str | None = None
     exit_code: int | None = None
     perf_tags: list[str] = Field(default_factory=list)

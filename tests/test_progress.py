@@ -91,3 +91,31 @@ def test_the_closing_table_lists_a_winner_the_race_added_at_its_confirmed_mean(t
                                       winner=90002)
     row = next(line for line in text.splitlines() if "90002" in line and "winner" in line)
     assert "89.1" in row and "1.09x" in row and "the race added it, no single run" in row, text
+
+
+def test_a_failed_trial_prints_its_decisive_log_line_as_the_log_has_it(tmp_path):
+    """The console shows the decisive line itself (its numbers, not the normalized signature's
+    <N>, which is what rules match); without one, the signature stands in."""
+    from sweeps.config.spec import load_spec
+    from sweeps.publish.outputs import Publisher
+    from tasks.backends.lifecycle import _failure
+    from tasks.types import TrialResult
+    from tests.conftest import compose_cfg
+
+    log = ("[2026-12-06 10:00:01] Load weight end. mem usage=61.20 GB\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
+           "capacity of 94.97 GiB of which 1.10 GiB is free.\n")
+    res = _failure(TrialResult(trial_number=9, status="ok"), log, 1, "startup", None)
+    assert res.failure_class == "cuda_oom_runtime", res.failure_class
+    assert "<N>" in (res.failure_signature or "") and "<N>" not in res.failure_line
+    assert res.failure_line.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    spec = load_spec(compose_cfg(["backend=instant", "sweep=eagle3_allreduce", f"tracking.store_dir={tmp_path}"]))
+    pub = Publisher(spec, "s", track=False, findings=False)
+    lines: list[str] = []
+    pub.progress.event = lines.append
+    pub.trial_done(9, dict(spec.sweep.baseline), res, {})
+    assert "Tried to allocate 2.00 GiB" in lines[0] and "<N>" not in lines[0], lines[0]
+    pub.trial_done(10, dict(spec.sweep.baseline), TrialResult(trial_number=10, status="failed", failure_class="unknown",
+                                                               failure_signature="<no log line>"), {})
+    assert lines[1].endswith("<no log line>"), lines[1]

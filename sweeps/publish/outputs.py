@@ -160,7 +160,10 @@ class Publisher:
         elif res.status == "interrupted":  # no class: the sweep stopped it, the trial did not fail
             line = f"{name}: interrupted in {res.phase}; its config is re-queued, the same command resumes it"
         else:
-            line = f"{name}: {res.status} {res.failure_class or ''} ({res.phase}) {res.failure_signature or ''}"[:200]
+            # the raw decisive line reads as the log does; the normalized signature (<N> for
+            # numbers) is what rules match, and stands in when no line decided
+            said = res.failure_line or res.failure_signature or ""
+            line = f"{name}: {res.status} {res.failure_class or ''} ({res.phase}) {said}"[:200]
         self.progress.event(line)
 
     def refresh(self, study: optuna.Study, running: int, t_start: float) -> None:

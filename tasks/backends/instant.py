@@ -62,6 +62,7 @@ class InstantBackend(EmulatedBackend):
         res.failure_class = out.get("failure_class") or c.failure_class
         res.failure_kind = KIND.get(res.failure_class, c.kind)
         res.failure_signature = out.get("failure_signature") or c.signature
+        res.failure_line = c.decisive_line if res.failure_class == c.failure_class else ""
         res.phase = out.get("phase") or "startup"
         return res
 

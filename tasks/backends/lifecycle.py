@@ -116,6 +116,7 @@ def _failure(res: TrialResult, log: str, exit_code: int | None, phase: str, harn
         sig = sig or harness_class
     res.status = "infra_error" if KIND.get(cls) == "infra" else "failed"
     res.failure_class, res.failure_kind, res.failure_signature = cls, KIND.get(cls, "transient"), sig
+    res.failure_line = c.decisive_line if cls == c.failure_class else ""
     res.phase, res.exit_code = phase, exit_code
     return res
 
