@@ -491,3 +491,17 @@ def test_a_group_whose_proposals_hit_another_knobs_dead_end_says_so():
                                             "moe_a2a_backend": "flashinfer"}, "skipped",
                               failure_class="moe_ep_a2a_config_error"))
     assert outcome(g, 82.0) == "not launched: its proposals hit known dead ends: moe_ep_a2a_config_error (1)"
+
+
+def test_an_approachs_outcome_compares_the_value_its_row_quotes(tmp_path):
+    """A row whose single draw (81.0) was below the confirmed baseline (82.0) but whose confirmed
+    mean (83.0) is above it shows 1.01x and says 'works', not 'slower than baseline (0.99x)'."""
+    conf = {**CONF, "entries": [*CONF["entries"], entry(5, 83.0, 80.0, 86.0)]}
+    text, _ = render_section(ctx(tmp_path, conf=conf), [*sweep(), rec(5, 81.0, allreduce="custom")])
+    table = text.split("### Approaches", 1)[1].split("\n### ", 1)[0]
+    row = next(ln for ln in table.splitlines() if ln.startswith("| custom |"))
+    assert "81.0 (t5), confirmed 83.0 | 1.01x |" in row and row.endswith("| works |"), row
+    # without the re-measurement, the single draw is what the row quotes and compares
+    text, _ = render_section(ctx(tmp_path), [*sweep(), rec(5, 81.0, allreduce="custom")])
+    row = next(ln for ln in text.split("### Approaches", 1)[1].splitlines() if ln.startswith("| custom |"))
+    assert "| 0.99x |" in row and "slower than baseline (0.99x)" in row, row

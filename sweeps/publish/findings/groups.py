@@ -120,14 +120,16 @@ def best_in(g: Group, obj: Objective) -> tuple[float | None, int | None]:
     return (measure.value_of(best, obj), best.number) if best else (None, None)
 
 
-def outcome(g: Group, base: float | None, obj: Objective | None = None) -> str:
+def outcome(g: Group, base: float | None, obj: Objective | None = None, value: float | None = None) -> str:
     """One phrase for the group: works (and how its best compares with ``base`` on the
     objective, default decode_tok_s), falls back, fails (by class), no result
-    (infrastructure), skipped, running, infeasible or untried."""
+    (infrastructure), skipped, running, infeasible or untried. ``value``: the group's value
+    the caller quotes beside the phrase (a confirmed mean), compared in place of its best
+    single draw so the phrase and the quoted speedup agree."""
     obj = obj or Objective()
     fails_txt = _failures_text(g)
     if g.ok:
-        bv, _ = best_in(g, obj)
+        bv = value if value is not None else best_in(g, obj)[0]
         txt = "works"
         if base and bv is not None and obj.better(base, bv):
             txt += f", {measure.slower(obj)} than baseline ({obj.ratio(bv, base):.2f}x)"

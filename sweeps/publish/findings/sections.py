@@ -216,7 +216,7 @@ def approaches_section(gk: list[str], groups: dict[tuple, Group], base: float | 
         L.append(row([*g.key, best_txt if bv is not None else "–",
                       f"{sp:.2f}x" if (sp := measure.ratio(sv, base, obj)) is not None else "–",
                       f"{g.launched}" + (f" (+{g.probes} re-question probe{'s' if g.probes != 1 else ''})"
-                                         if g.probes else ""), len(g.skipped), outcome(g, base, obj)]))
+                                         if g.probes else ""), len(g.skipped), outcome(g, base, obj, sv)]))
     L.append("")
     return L
 
