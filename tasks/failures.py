@@ -1170,7 +1170,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         if a.nearest > 0 and c.line.strip():
             from tasks.failure_corpus import nearest
 
-            near = nearest(c.line, c.failure_class, a.nearest, a.corpus_parts, decisive=_corpus_line)
+            near = nearest(c.line, c.failure_class, a.nearest, a.corpus_parts, decisive=_corpus_line,
+                           same_class=c.kind == "perf")
         print(_report(path, c, near) + (f"\n  ({strip_control(label)})" if label else ""))
     _save_line_cache()
     return rc

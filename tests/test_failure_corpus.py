@@ -239,6 +239,21 @@ def test_cli_prints_class_kind_phase_decisive_line_and_nearest_links(tmp_path):
     assert "https://github.com/" in out.split("nearest corpus entries", 1)[1]
 
 
+
+def test_a_performance_finding_lists_only_entries_of_that_finding(tmp_path):
+    """A healthy log with speculative decoding below the baseline (spec_decode_no_speedup, kind
+    perf): its decisive line is the ready line, which failure logs share words with; no entry of
+    another class is offered as like it."""
+    log = tmp_path / "server.log"
+    log.write_text("[2026-01-01 00:00:00 TP0] Load weight begin. avail mem=94 GB\n"
+                   "[2026-01-01 00:00:30] The server is fired up and ready to roll!\n")
+    r = subprocess.run([sys.executable, "-m", "tasks.failures", "--speedup", "0.8", str(log)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr  # a perf finding: the server ran
+    assert "class:    spec_decode_no_speedup" in r.stdout, r.stdout
+    listed = r.stdout.split("nearest corpus entries", 1)[1].splitlines()[1:]
+    assert all("spec_decode_no_speedup" in ln for ln in listed if ln.startswith("    ")), r.stdout
+
 # ------------------------------------------------------------------ knowledge cites the corpus
 def test_shipped_knowledge_cites_existing_corpus_entries_of_its_class():
     from sweeps.rules.knowledge import load_knowledge

@@ -221,7 +221,8 @@ MIN_OVERLAP = 0.1
 
 
 def nearest(line: str, failure_class: str | None, k: int, parts: Iterable[str], *,
-            decisive: Callable[[CorpusEntry], str], root: str | Path = CORPUS_DIR) -> list[Neighbour]:
+            decisive: Callable[[CorpusEntry], str], root: str | Path = CORPUS_DIR,
+            same_class: bool = False) -> list[Neighbour]:
     """The ``k`` corpus entries whose decisive line is most like ``line``.
 
     Similarity: the Jaccard index of the two lines' :func:`tokens`, plus 0.25 when the entry's
@@ -235,6 +236,10 @@ def nearest(line: str, failure_class: str | None, k: int, parts: Iterable[str], 
     Args:
         decisive: an entry's decisive line (``tasks.failures`` passes its classifier's), found
             once per process and function.
+        same_class: keep only entries of ``failure_class``. For a performance finding on a
+            healthy server (kind ``perf``: a silently degraded allreduce path, speculative decoding
+            slower than the baseline) the decisive line is a report or a path line that failure
+            logs share words with; only the same finding is like it.
     Raises:
         CorpusError: a bad corpus entry.
     """
@@ -244,6 +249,8 @@ def nearest(line: str, failure_class: str | None, k: int, parts: Iterable[str], 
         union = want | toks
         score = len(want & toks) / len(union) if union else 0.0
         if score < MIN_OVERLAP:
+            continue
+        if same_class and e.expected_class != failure_class:
             continue
         if e.expected_class == "healthy" and failure_class not in (None, "healthy"):
             continue  # a healthy log's line (a milestone, a report) is no likeness to a failure's
