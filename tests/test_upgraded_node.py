@@ -83,12 +83,12 @@ def test_same_hardware_constants():
     assert a == b
     caps_a, caps_b = BASE_NODE["emulator"]["capabilities"], UP_NODE["emulator"]["capabilities"]
     changed = {k for k in caps_a.keys() | caps_b.keys() if caps_a.get(k) != caps_b.get(k)}
-    assert changed == set(UPGRADE["capabilities_changed"]) == set()
+    assert changed == set(UPGRADE["capabilities_changed"]) == {"flashinfer_fusion_rejected_by"}
 
 
 def test_predictions_change_only_where_a_capability_changed():
     base, up = _profile(BASE_NODE), _profile(UP_NODE)
-    assert _changed(base, up) == []  # no capability the emulator reads changed: nothing moves
+    assert _changed(base, up) == []  # no capability that decides an outcome changed: nothing moves
     outcomes = {_outcome(up, c)[1] for c in GRID}
     assert {"flashinfer_allreduce_fusion_unsupported_arch", "torch_symm_mem_unsupported",
             "nccl_env_algo_proto_invalid", "moe_ep_a2a_config_error"} <= outcomes  # the dead ends stay
@@ -105,6 +105,25 @@ def test_the_comparison_sees_a_capability_change_and_only_its_configs(cap, value
     node["emulator"]["capabilities"][cap] = value
     moved = _changed(_profile(UP_NODE), _profile(node))
     assert moved and all(c[knob] == level for c in moved)
+
+
+def test_the_fusion_fails_on_sglangs_gate_after_the_upgrade_and_on_flashinfers_jit_before():
+    """The upgrade's one visible change: FlashInfer's JIT builds SM12x, so the error the log shows
+    is SGLang's own gate; the classifier reads both as the same dead end."""
+    from tasks.failures import classify
+
+    cfg = next(c for c in GRID if c["allreduce"] == "flashinfer_fusion" and c["speculative"] == "none")
+    logs = {}
+    for name, node in (("base", BASE_NODE), ("up", UP_NODE)):
+        argv, env, _ = render_config(cfg, _profile(node)["model"])
+        p = predict(_profile(node), argv, env)
+        logs[name] = "\n".join(p.log_lines)
+        c = classify(logs[name], p.failure.exit_code, None)
+        assert c.failure_class == "flashinfer_allreduce_fusion_unsupported_arch", (name, c)
+    assert "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs." in logs["up"]
+    assert "No supported CUDA architectures" not in logs["up"]
+    assert "No supported CUDA architectures found for major versions [9, 10]" in logs["base"]
+    assert "requires SM90 or SM10X" not in logs["base"]
 
 
 def test_knowledge_on_the_upgraded_stack():

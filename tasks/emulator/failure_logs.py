@@ -136,6 +136,25 @@ def fusion_arch_failure(pred: Prediction, tl: Timeline, *, graphs: bool, rank: i
         msg=msg, cls="flashinfer_allreduce_fusion_unsupported_arch", sig=f"Capture cuda graph failed: {msg}")
 
 
+def fusion_gate_failure(pred: Prediction, tl: Timeline, *, graphs: bool, rank: int) -> Prediction:
+    """SGLang's own gate on the fusion, before FlashInfer is asked: ``_resolve_backend`` (sglang
+    srt/layers/flashinfer_comm_fusion.py) raises when the GPU is neither SM90 nor SM10X, from the
+    workspace pre-initialisation that precedes the first forwards. The frames are those a public
+    SGLang log prints for it (2026-06, the runner refactor's ``base_runner.py``)."""
+    tl.advance("graph_capture" if graphs else "warmup", 1.0)
+    msg = "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs."
+    scheduler_exception(tl, rank, [
+        '  File "<VENV>/sglang/srt/model_executor/model_runner.py", line 914, in init_cuda_graphs',
+        '  File "<VENV>/sglang/srt/model_executor/runner/base_runner.py", line 247, in '
+        '_pre_initialize_flashinfer_allreduce_workspace',
+        '  File "<VENV>/sglang/srt/layers/flashinfer_comm_fusion.py", line 669, in ensure_workspace_initialized',
+        '  File "<VENV>/sglang/srt/layers/flashinfer_comm_fusion.py", line 84, in '
+        'resolve_flashinfer_allreduce_fusion_backend',
+        '  File "<VENV>/sglang/srt/layers/flashinfer_comm_fusion.py", line 50, in _resolve_backend'], [msg])
+    sigquit(tl)
+    return fail(pred, tl, "flashinfer_allreduce_fusion_unsupported_arch", "startup", -9, msg)
+
+
 def a2a_failure(pred: Prediction, tl: Timeline, *, graphs: bool, rank: int, tp: int, gpu_gib: float,
                 avail_gib: float) -> Prediction:
     """FlashInfer MoE all-to-all without NVLink: an assertion on one rank, OOM on the next."""

@@ -189,10 +189,13 @@ def _first_forwards(s: _Startup) -> Prediction | None:
     """The first forwards (CUDA-graph capture or warmup): fusion JIT, MoE A2A, first AllGather, OOM."""
     tl, caps, launch, pred, cinfo = s.tl, capabilities(s.profile), s.launch, s.pred, s.cinfo
     avail_graph, g_target = s.mem["avail_graph"], s.mem["g_target"]
+    fusion_majors = caps.get("flashinfer_fusion_supported_majors", [])
+    fusion_refused = launch.fusion_requested and s.tp > 1 and caps["arch_major"] not in fusion_majors
+    if fusion_refused and caps.get("flashinfer_fusion_rejected_by") == "sglang":
+        return fl.fusion_gate_failure(pred, tl, graphs=s.graphs, rank=s.rank_fail)
     if s.graphs:
         tl.log(f"{fl.CAPTURE_BANNER}{avail_graph + s.nmem['activations_gib']:.2f} GB")
-    fusion_majors = caps.get("flashinfer_fusion_supported_majors", [])
-    if launch.fusion_requested and s.tp > 1 and caps["arch_major"] not in fusion_majors:
+    if fusion_refused:
         return fl.fusion_arch_failure(pred, tl, graphs=s.graphs, rank=s.rank_fail, majors=list(fusion_majors))
     if launch.moe_a2a_backend == "flashinfer" and caps.get("flashinfer_a2a_requires_nvlink", True) \
             and not (caps.get("nvlink") or caps.get("mnnvl")):
