@@ -390,6 +390,28 @@ def test_cli_list_shows_shipped_knowledge_for_a_node_apart(tmp_path):
     assert "flashinfer_fusion_jit_gate_sm12x" in ids and "flashinfer_fusion_jit_gate_sm12x" not in up_ids
 
 
+def test_cli_list_for_a_node_lists_only_the_rules_learned_on_its_fingerprint(tmp_path):
+    from sweeps.rules.shipped import node_conf
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    s = RuleStore(url)
+    old = s.learn(node_conf("rtx_pro_6000x8")[1], MODEL, P(nccl_algo="Tree"), "nccl_env_algo_proto_invalid",
+                  "NCCL_ALGO was set to Tree.", ev(12))
+    new = s.learn(node_conf("rtx_pro_6000x8_upgraded")[1], MODEL, P(allreduce="torch_symm_mem"),
+                  "torch_symm_mem_unsupported", "KeyError: 12", ev(13))
+    s.close()
+
+    def ids(*node):
+        out = _cli("list", *node, url=url)
+        assert out.returncode == 0, out.stderr
+        return [line.split("\t")[0] for line in out.stdout.split("\n\n", 1)[0].splitlines()[1:]]
+    assert ids("--node", "rtx_pro_6000x8") == [str(old.id)]
+    assert ids("--node", "rtx_pro_6000x8_upgraded") == [str(new.id)]
+    assert sorted(ids()) == sorted([str(old.id), str(new.id)])
+    out = _cli("list", "--node", "local_cpu", url=url)  # no declared fingerprint: every rule, and it says so
+    assert "declares no fingerprint" in out.stderr and out.stdout.count("\tactive") == 2, out
+
+
 def test_learn_merges_into_a_rule_another_process_inserted_first(store, monkeypatch):
     """The unique-key race: our INSERT fails because another process inserted the same rule
     between our SELECT and INSERT; the retry merges our evidence into that row."""

@@ -417,7 +417,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     ls = sub.add_parser("list", parents=[common], help="list rules (tab-separated)")
     ls.add_argument("--class", dest="failure_class", default=None)
-    ls.add_argument("--node", default=None, help="shipped knowledge for conf/node/NODE.yaml only")
+    ls.add_argument("--node", default=None, help="the learned rules on conf/node/NODE.yaml's fingerprint and the "
+                                              "shipped knowledge for that node only")
     for name, help_ in (("explain", "show one rule in full"), ("forget", "delete one rule")):
         sp = sub.add_parser(name, parents=[common], help=help_)
         sp.add_argument("id", type=int)
@@ -438,6 +439,24 @@ def main(argv: Iterable[str] | None = None) -> int:
         return 0
 
 
+def _node_hash(name: str) -> str | None:
+    """The fingerprint hash of ``conf/node/<name>.yaml`` (what its sweeps' rules carry); None
+    for a profile that declares no fingerprint (``local_cpu``: read from the machine at run time),
+    whose learned rules cannot be told apart: all are listed, and stderr says so.
+
+    Raises:
+        FileNotFoundError: no such node profile."""
+    from sweeps.rules.match import fingerprint_hash, fingerprint_subset
+    from sweeps.rules.shipped import node_conf
+
+    _, fp = node_conf(name)
+    if not fingerprint_subset(fp):
+        print(f"servesweep.rules: --node {name} declares no fingerprint (the machine's is read at run time): "
+              "every learned rule is listed", file=sys.stderr)
+        return None
+    return fingerprint_hash(fp)
+
+
 def _run_cli(a: argparse.Namespace) -> int:
     store = RuleStore(a.db_sub or a.db or DEFAULT_DB_URL)
     try:
@@ -446,8 +465,10 @@ def _run_cli(a: argparse.Namespace) -> int:
 
             print("id\tclass\tkind\tmodel\tknobs\tevidence\thits\tfingerprint\tscope\tlearned\tage_studies\t"
                   "last_confirmed\tstatus")
+            on = _node_hash(a.node) if a.node else None
             for r in store.list(failure_class=a.failure_class):
-                print(_fmt_row(r))
+                if on is None or r.fingerprint_hash == on:
+                    print(_fmt_row(r))
             print("\n" + "\n".join(shipped_lines(a.node)))  # apart: after a blank line
             return 0
         rule = store.get(a.id)
