@@ -126,6 +126,15 @@ def test_a_params_optional_field_it_leaves_out_is_told_to_add_it_with_a_plus():
         "(nothing was started)")
 
 
+def test_a_misspelled_param_under_a_field_is_told_its_spelling_not_to_add_the_field():
+    assert precheck(CONF, ["sweep.params.cuda_grph_max_bs.choices=[8,16]"]) == (
+        "servesweep: unknown config key 'sweep.params.cuda_grph_max_bs.choices': did you mean "
+        "sweep.params.cuda_graph_max_bs.choices=[8,16]? (nothing was started)")
+    msg = precheck(CONF, ["sweep.params.brand_new.choices=[8,16]"])  # no such param: it is added whole
+    assert "sweep.params has no entry 'brand_new'; a new one is added whole, e.g. +sweep.params.brand_new={" in msg, msg
+    assert "optional field" not in msg
+
+
 def test_an_unknown_key_of_a_fixed_section_lists_its_keys_not_a_far_guess():
     msg = precheck(CONF, ["sweep.bogus=1"])
     assert "sweep has no key 'bogus'; its keys: " in msg and "baseline, budget" in msg and "budget=1" not in msg

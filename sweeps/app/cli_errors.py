@@ -86,8 +86,18 @@ def unknown_key_message(conf_dir: Path, overrides: list[str], key: str) -> str:
     # like none of its siblings under an existing mapping is a new entry, which Hydra adds with "+"
     siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
     near = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
+    # a typo in the parent (sweep.params.cuda_grph_max_bs.choices): the parent's siblings
+    grand, _, pleaf = parent.rpartition(".")
+    uncle = (difflib.get_close_matches(pleaf, [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == grand],
+                                       n=1, cutoff=0.75) if parent and parent not in keys else [])
     if near:
         hint = f"did you mean {parent + '.' if parent else ''}{near[0]}={value}?"
+    elif uncle:
+        hint = f"did you mean {grand + '.' if grand else ''}{uncle[0]}.{leaf}={value}?"
+    elif grand in _OPEN_MAPPINGS and parent not in keys:
+        hint = (f"{grand} has no entry '{pleaf}'; a new one is added whole, e.g. "
+                f"+{parent}={{type: categorical, choices: [...]}}" if grand == "sweep.params"
+                else f"{grand} has no entry '{pleaf}'; to add one, write +{parent}=...")
     elif parent in _OPEN_MAPPINGS:
         hint = f"{parent} has no entry '{leaf}' yet; to add one, write +{key}={value}"
     elif parent.rpartition(".")[0] == "sweep.params" and leaf in _PARAM_FIELDS:
