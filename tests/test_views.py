@@ -130,6 +130,13 @@ def test_plot_list_names_the_load_and_pareto_plots_before_they_are_drawn(tmp_pat
     text = "\n".join(plot_links(ctx, recs))
     assert "throughput_latency_curves.png" in text and "pareto_front.png" in text
     assert "optimization_history.png" in text
+    # once the plots are drawn (and one more is on disk) the list keeps its order, the extra after it
+    (tmp_path / "plots").mkdir()
+    for name in ["zz_extra.png", "a_first_by_name.png", "pareto_front.png", "optimization_history.png"]:
+        (tmp_path / "plots" / name).write_bytes(b"")
+    again = "\n".join(plot_links(ctx, recs))
+    assert again.split(", [a_first_by_name]")[0] == text.split(" (written by")[0], (text, again)
+    assert again.index("[a_first_by_name]") < again.index("[zz_extra]")
 
 
 @pytest.mark.timeout(900)  # 16 instant trials: ~1 min on 2 idle cores, 4 min on a loaded box

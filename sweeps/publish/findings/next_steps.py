@@ -246,12 +246,14 @@ def expected_plots(ctx: Context, recs: Sequence[records.TrialRecord]) -> list[st
 
 def plot_links(ctx: Context, recs: Sequence[records.TrialRecord] = ()) -> list[str]:
     """Markdown links to the study's PNG plots, relative to the findings document: those on
-    disk and those the report writes for ``recs`` (:func:`expected_plots`)."""
+    disk and those the report writes for ``recs`` (:func:`expected_plots`), the expected ones
+    first in their own order and any other on disk after them by name: the first write, before
+    the plots exist, and a rerun list them alike."""
     if ctx.plots_dir is None:
         return []
     pdir = Path(ctx.plots_dir)
-    names = sorted({p.name for p in pdir.glob("*.png")} if pdir.is_dir() else set())
-    names += [n for n in expected_plots(ctx, recs) if n not in names]
+    names = expected_plots(ctx, recs)
+    names += sorted({p.name for p in pdir.glob("*.png")} - set(names) if pdir.is_dir() else set())
     start = Path(ctx.findings_path).parent if ctx.findings_path else Path.cwd()
     rel = Path(os.path.relpath(pdir, start)).as_posix()
     links = ", ".join(f"[{n.removesuffix('.png')}]({rel}/{n})" for n in names)
