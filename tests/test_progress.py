@@ -17,15 +17,21 @@ def test_eta_is_median_trial_time_times_launches_left_per_slot():
     assert eta_s([10.0, 20.0, 300.0], left=4, running=1, slots=2) == pytest.approx(20.0 * 2.5)
 
 
-def test_status_line_eta_counts_skips_as_free_and_adds_the_confirmation():
+def test_status_line_eta_counts_skips_as_free_and_names_what_runs_after_the_trials():
     recs = [TrialRecord(number=i, state="COMPLETE", params={}, status="ok", metrics={"decode_tok_s": 80.0 + i},
                         timings={"wall_s": w}) for i, w in enumerate((100.0, 120.0, 140.0))]
     recs += [TrialRecord(number=9, state="PRUNED", params={}, status="skipped", skipped_by_rule="1")]
     p = Progress("s", budget_trials=10)
     p.slots, p.confirm_launches = 1, 4
     line = p.status_line(recs, running=0, t_start=0.0)
-    # 7 launches left + 4 confirmation launches, 120 s each (the median; the skip costs nothing)
-    assert line.endswith(f"ETA {120 * 11:.0f} s"), line
+    # 7 launches left, 120 s each (the median; the skip costs nothing); the confirmation's 4
+    # launches after them are named apart, as at least that many (a race adds repeats)
+    assert line.endswith(f"ETA {120 * 7:.0f} s for the trials; then at least 4 confirmation launches "
+                         f"(~{120 * 4:.0f} s at this pace)"), line
+    p.serving_checks = 2
+    assert p.status_line(recs, running=0, t_start=0.0).endswith(" and 2 serving-check load searches")
+    p.confirm_launches = p.serving_checks = 0
+    assert p.status_line(recs, running=0, t_start=0.0).endswith(f"ETA {120 * 7:.0f} s for the trials")
 
 
 def test_every_confirmation_launch_prints_a_line(tmp_path):

@@ -52,7 +52,7 @@ class Publisher:
         from sweeps.search.serving_check import wanted
 
         if wanted(spec):  # the winner's and the baseline's load checks
-            self.progress.confirm_launches += 2
+            self.progress.serving_checks = 2
         if quiet:
             self.progress.event = lambda line: None  # type: ignore[method-assign]
             self.progress.refresh = lambda *a, **k: None  # type: ignore[method-assign]

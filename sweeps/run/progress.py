@@ -43,7 +43,8 @@ def eta_s(walls: list[float], left: int, running: int, slots: int) -> float:
 
 class Progress:
     """Prints each finished trial and, every refresh, a status line: launched / running /
-    failed / skipped, the best objective so far and an ETA from the mean launched-trial time."""
+    failed / skipped, the best objective so far, the trials' ETA from the median launched-trial
+    time, and what runs after the trials (the confirmation's launches, the serving check)."""
 
     def __init__(self, study_name: str, budget_trials: int | None, console: Console | None = None,
                  objective: Objective = DEFAULT_OBJECTIVE, deploy: Callable[[dict], str | None] | None = None,
@@ -57,7 +58,8 @@ class Progress:
         self.node = node  #: where the numbers come from, e.g. "emulated 8×RTX PRO 6000"
         self.emulated = emulated  #: the numbers are the emulated node's (no real GPU time is spent)
         self.slots = 1  #: trials in flight at once (the driver sets the executor's)
-        self.confirm_launches = 0  #: launches the confirmation will add after the budget
+        self.confirm_launches = 0  #: launches the confirmation adds after the budget, at least (a race adds more)
+        self.serving_checks = 0  #: load searches the serving check runs after the confirmation
         self._last_status = 0.0
 
     def event(self, line: str) -> None:
@@ -73,12 +75,24 @@ class Progress:
         eta = ""
         walls = [r.timings["wall_s"] for r in launched if r.timings.get("wall_s")]
         if self.budget and walls:
-            left = max(0, self.budget - len(launched) - running) + self.confirm_launches
-            eta = f", ETA {eta_s(walls, left, running, self.slots):.0f} s"
+            left = max(0, self.budget - len(launched) - running)
+            eta = f", ETA {eta_s(walls, left, running, self.slots):.0f} s for the trials" + self._after_text(walls)
         head = (f"[{self.study_name}] launched {len(launched)}/{self.budget or '-'}"
                 + (f" (+{probes} re-question probe{'s' if probes != 1 else ''})" if probes else "")
                 + f", running {running}, failed {failed}, skipped {skipped}")
         return head + (f", best {metric_text(self.objective.name, best)}" if best is not None else "") + eta
+
+    def _after_text(self, walls: list[float]) -> str:
+        """What runs after the trials, which the trials' ETA leaves out: the confirmation's launches
+        at this pace (at least: an undecided race adds repeats) and the serving check's load
+        searches (each many trial-lengths long, not estimated)."""
+        parts = []
+        if self.confirm_launches:
+            parts.append(f"at least {self.confirm_launches} confirmation launches "
+                         f"(~{eta_s(walls, self.confirm_launches, 0, self.slots):.0f} s at this pace)")
+        if self.serving_checks:
+            parts.append(f"{self.serving_checks} serving-check load searches")
+        return "; then " + " and ".join(parts) if parts else ""
 
     def refresh(self, study: optuna.Study, running: int, t_start: float, every_s: float = 15.0) -> None:
         now = time.monotonic()
