@@ -505,3 +505,13 @@ def test_an_approachs_outcome_compares_the_value_its_row_quotes(tmp_path):
     text, _ = render_section(ctx(tmp_path), [*sweep(), rec(5, 81.0, allreduce="custom")])
     row = next(ln for ln in text.split("### Approaches", 1)[1].splitlines() if ln.startswith("| custom |"))
     assert "| 0.99x |" in row and "slower than baseline (0.99x)" in row, row
+
+
+def test_an_approachs_failures_name_a_re_question_probe_as_one(tmp_path):
+    """The console counts failed trials of the budget; the table's failures name a re-question
+    probe apart, so 'some configs fail' is not read as a trial the console missed."""
+    probe = rec(9, None, status="failed", allreduce="torch_symm_mem", cls="torch_symm_mem_unsupported", sig="KeyError: <N>")
+    probe.probe = {records.A_REQUESTION: {"entries": ["torch_symm_mem_table_sm12x"]}}
+    text, _ = render_section(ctx(tmp_path), [*sweep(), probe])
+    row = next(ln for ln in text.split("### Approaches", 1)[1].splitlines() if ln.startswith("| torch_symm_mem |"))
+    assert "fails: torch_symm_mem_unsupported (t4; re-question probe t9)" in row, row

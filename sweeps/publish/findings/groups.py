@@ -109,9 +109,17 @@ def build_groups(space: Any, records: Sequence[trial_records.TrialRecord]) -> tu
 
 
 def _failures_text(g: Group) -> str:
+    """``class (t3, t7; re-question probe t9)`` per failure class, most frequent first: a
+    re-question probe is named as one (it is no launch of the trial budget, which the console's
+    count of failed trials is)."""
     fails = Counter(r.failure_class or "failed" for r in g.failed)
-    return ", ".join(f"{c} ({trials(x.number for x in g.failed if (x.failure_class or 'failed') == c)})"
-                     for c, _ in fails.most_common())
+
+    def of(c: str) -> str:
+        rs = [x for x in g.failed if (x.failure_class or "failed") == c]
+        full, probes = [x.number for x in rs if not x.requestion], [x.number for x in rs if x.requestion]
+        probe_txt = f"re-question probe{'s' if len(probes) > 1 else ''} {trials(probes)}" if probes else ""
+        return "; ".join(t for t in (trials(full) if full else "", probe_txt) if t)
+    return ", ".join(f"{c} ({of(c)})" for c, _ in fails.most_common())
 
 
 def best_in(g: Group, obj: Objective) -> tuple[float | None, int | None]:
