@@ -1691,3 +1691,54 @@ def test_a_launcher_starting_vllm_is_not_vllms_api_server_up():
                 "Starting vLLM API server 0 on http://0.0.0.0:8000"):
         assert classify(f"(APIServer pid=1) INFO 05-06 04:33:07 [api_server.py:602] {own}\n"
                         "(APIServer pid=1) INFO:     Application startup complete.\n").failure_class == "healthy"
+
+
+# ------------------------------------------------------------------ the test28 round
+# Each log is written from the message in the source named beside it, in another engine's or
+# another run's words than the corpus entry that showed the family.
+@pytest.mark.parametrize("log, expected", [
+    # Go's net.Listen on Windows (WSAEADDRINUSE's own text, capitalised), here LocalAI's API port
+    ("1:02PM INF Starting LocalAI using 8 threads\n"
+     "Error: listen tcp 127.0.0.1:8080: bind: Only one usage of each socket address (protocol/network address/port) "
+     "is normally permitted.\n", "port_in_use"),
+    # older llama.cpp's CUDA_CHECK (ggml-cuda.cu: "CUDA error %d at %s:%d: %s"), llama-server loading
+    ("llm_load_tensors: offloaded 33/33 layers to GPU\nllama_new_context_with_model: n_ctx = 32768\n"
+     "CUDA error 2 at /src/llama.cpp/ggml-cuda.cu:9007: out of memory\ncurrent device: 0\n", "cuda_oom_runtime"),
+    # torch's allocator warning (c10/cuda/CUDACachingAllocator.cpp) before vLLM's engine core dies
+    ("(EngineCore_DP0 pid=812) INFO 12-03 10:00:01 [gpu_model_runner.py:2602] Model loading took 61.2 GiB\n"
+     "[rank0]:[W1203 10:00:07.120000000 CUDACachingAllocator.cpp:3933] memory allocation failed with OOM on device 0 "
+     "while trying to allocate 8589934592 bytes (free: 2147483648, total: 85899345920).\n"
+     "(EngineCore_DP0 pid=812) ERROR 12-03 10:00:07 [core.py:708] EngineCore failed to start.\n", "cuda_oom_runtime"),
+    # LLVM's option parser refusing a --target the compiler was not built with (a ROCm Triton on a new gfx)
+    ("ERROR 12-03 10:00:07 [core.py:708] triton.compiler.errors.MLIRCompilationError:\n"
+     "ERROR 12-03 10:00:07 [core.py:708] llc: for the --target option: Cannot find option named 'gfx1250'!\n",
+     "unsupported_arch_kernel"),
+    # HCCL's watchdog on the RoCE NIC's error completion (CANN error code EI0013), another rank
+    ("[rank3]:[E1203 10:00:07.000000000 compiler_depend.ts:1693] [Rank 3] HCCL watchdog thread terminated with "
+     "exception: [PID: 41] 2026-12-03-10:00:07.000.000 Execution_Error_ROCE_CQE(EI0013): An error CQE occurred "
+     "during operation.\n", "nccl_network_error"),
+    # SGLang's scheduler raising while it serves (run_scheduler_process), its traceback cut
+    ("[2026-12-03 10:00:00] The server is fired up and ready to roll!\n"
+     "[2026-12-03 10:05:00 TP0] Decode batch. #running-req: 12, #token: 9012, token usage: 0.40, gen throughput "
+     "(token/s): 310.22, #queue-req: 0\n"
+     "[2026-12-03 10:05:01 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+     '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2311, in run_scheduler_process\n',
+     "server_crash"),
+    # TabbyAPI taking a request once Uvicorn is up (its request log: "Information for GET request <id>:")
+    ("INFO:     Application startup complete.\nINFO:     Uvicorn running on http://127.0.0.1:5000 (Press CTRL+C to quit)\n"
+     "2026-12-03 10:00:09.000 INFO:     Information for POST request 0f1e2d3c4b5a69788796a5b4c3d2e1f0:\n",
+     "healthy"),
+])
+def test_families_of_the_test28_round(log, expected):
+    assert classify(log).failure_class == expected, classify(log)
+
+
+def test_nccl_without_infiniband_is_no_network_error_unless_it_warns():
+    """``NET/IB : No device found.`` at INFO is a host without InfiniBand, on which NCCL goes on over
+    sockets (NVIDIA/nccl#606's run then hung in a collective); as a WARN it is a failure."""
+    head = ("host:1:1 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.2<0>\n"
+            "host:1:1 [0] NCCL INFO NET/IB : No device found.\nhost:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.2<0>\n"
+            "host:1:1 [0] NCCL INFO Using network Socket\n")
+    assert classify(head).kind != "infra", classify(head)
+    warned = head.replace("NCCL INFO NET/IB : No device found.", "transport/net_ib.cc:1 NCCL WARN NET/IB : No device found.")
+    assert classify(warned).failure_class == "nccl_network_error", classify(warned)
