@@ -32,8 +32,11 @@ def _server(root) -> psutil.Process | None:
     return None
 
 
-def _freeze_mid_stream(root, stop_s: float, done: threading.Event) -> None:
-    """Wait for the trial's emulated server to be ready, let the benchmark start, SIGSTOP it."""
+def _freeze_mid_stream(root, stop_s: float, done: threading.Event, output_len: int = 128) -> None:
+    """Wait until a measured stream (``output_len`` tokens, not the short warm-up) of the trial's
+    emulated server is decoding, then SIGSTOP the server for ``stop_s``: the freeze lands between
+    two tokens, not before a request's first token (a fixed delay after readiness froze a loaded
+    machine's server before its first measured request, and the freeze read as one long TTFT)."""
     t_end = time.monotonic() + 30
     while time.monotonic() < t_end and not done.is_set():
         p = _server(root)
@@ -41,15 +44,16 @@ def _freeze_mid_stream(root, stop_s: float, done: threading.Event) -> None:
             argv = p.cmdline()
             port = argv[argv.index("--port") + 1]
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                    time.sleep(0.8)  # readiness + warm-up done: the measured streams are running
+                got = httpx.get(f"http://127.0.0.1:{port}/emulator/requests", timeout=0.5)
+                reqs = got.json().get("requests", []) if got.status_code == 200 else []
+                if any(r["output_len"] == output_len and r["emitted"] >= 8 and r["finish_s"] is None for r in reqs):
                     os.kill(p.pid, signal.SIGSTOP)
                     time.sleep(stop_s)
                     os.kill(p.pid, signal.SIGCONT)
                     return
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):
                 pass
-        time.sleep(0.05)
+        time.sleep(0.02)
 
 
 @pytest.mark.slow  # ~10 s: one emulated server, a 2.5 s freeze
