@@ -147,7 +147,7 @@ class UntriedDraw:
                 self._coded = coded
         else:
             cands, coded = self._order, self._coded
-        for i in coded.ranking(near, model, self):
+        for i in coded.ranking(near, model):
             cfg = cands[i]
             if trial_records.config_key(cfg) not in taken and allowed(cfg):
                 return dict(cfg)
@@ -163,6 +163,7 @@ class _Coded:
     column compares as :func:`distance` compares two configs."""
 
     def __init__(self, space: SearchSpace, cands: list[dict[str, Any]]):
+        self.space = space
         self.names = list(space.names)
         self.column = {k: j for j, k in enumerate(self.names)}
         self.codes: list[dict[Any, int]] = [{} for _ in self.names]
@@ -189,7 +190,7 @@ class _Coded:
         except TypeError:  # an unhashable value equals no level
             return -2
 
-    def ranking(self, near: Mapping[str, Any], model: LevelModel | None, draw: UntriedDraw) -> np.ndarray:
+    def ranking(self, near: Mapping[str, Any], model: LevelModel | None) -> np.ndarray:
         """Candidate indices in :meth:`UntriedDraw.draw`'s order: by (move distance from ``near``,
         -gain rounded to 9 decimals, -largest knob range moved), ties in the candidates' order.
 
@@ -211,13 +212,12 @@ class _Coded:
                 gain += np.where(own[:, j], worth[m[:, j]], 0.0)  # code -1 reads the trailing 0
             moved = np.maximum(moved, np.where(own[:, j], ranges.get(k, 0.0), 0.0))
         move = dist.copy()
-        if not draw.space.violated(near):
-            move[self._constraint_moves(dist, own, near, draw.space)] = 1
+        if not self.space.violated(near):
+            move[self._constraint_moves(dist, own, near)] = 1
         rounded = np.array([round(g, 9) for g in gain.tolist()]) if model is not None else gain
         return np.lexsort((-moved, -rounded, move))  # the last key sorts first; lexsort is stable
 
-    def _constraint_moves(self, dist: np.ndarray, own: np.ndarray, near: Mapping[str, Any],
-                          space: SearchSpace) -> np.ndarray:
+    def _constraint_moves(self, dist: np.ndarray, own: np.ndarray, near: Mapping[str, Any]) -> np.ndarray:
         """Rows two knobs from ``near`` of which one alone breaks a constraint at ``near``
         (:meth:`UntriedDraw.move_distance`'s one move)."""
         rows = np.flatnonzero((dist == 2) & (own.sum(axis=1) == 2))
@@ -230,7 +230,7 @@ class _Coded:
             for j in cols:
                 key = (j, int(self.m[i, j]))
                 if key not in breaks:
-                    breaks[key] = bool(space.violated({**near, self.names[j]: self.levels[j][key[1]]}))
+                    breaks[key] = bool(self.space.violated({**near, self.names[j]: self.levels[j][key[1]]}))
                 if breaks[key]:
                     out[i] = True
                     break
